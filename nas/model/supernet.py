@@ -1,0 +1,181 @@
+"""The weight-sharing encoder-decoder supernet and ``extract``.
+
+``SuperTransformer`` is a pre-norm Transformer (shared source/target/output embeddings,
+sinusoidal positions) whose every layer is elastic. Its constructor takes the *maxima*
+as an :class:`~nas.space.arch.Arch`; every call takes the sub-Transformer's arch
+explicitly. A standalone model for an arch is a ``SuperTransformer`` whose maxima are that
+arch, holding only the cropped weights (:func:`extract`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nas.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
+from nas.space.arch import Arch, StackArch
+
+__all__ = ["SuperTransformer", "extract", "count_params"]
+
+LayerCache = dict[str, dict[str, torch.Tensor]]
+
+
+def _dims(stack: StackArch) -> list[tuple[int, int, int]]:
+    return list(zip(stack.width, stack.ffn_width, stack.branches))
+
+
+class SuperTransformer(nn.Module):
+    """Encoder-decoder supernet; ``logits = model(src, tgt_in, arch)``.
+
+    Args:
+        vocab_size: joint source/target vocabulary (tokens).
+        model_dim: C, the model width (channels), fixed for every sub-Transformer (type 2).
+        heads: attention heads per branch.
+        max_arch: the widest choice per layer; its layer counts are the supernet's depth.
+        dropout: residual/FFN dropout rate in training.
+        attention_dropout: dropout on attention probabilities in training.
+        drop_branch: MAT drop-branch rate rho (eq. 5-7), training only.
+        max_positions: longest sequence (tokens) the position table covers.
+        pad_id: padding token id (its embedding row stays zero-gradient-free; only masked).
+
+    Raises:
+        ValueError: a width not divisible by ``heads``.
+    """
+
+    def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
+                 attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
+                 pad_id: int = 0) -> None:
+        super().__init__()
+        self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
+        self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
+        self.max_positions, self.pad_id = max_positions, pad_id
+        self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
+        with torch.no_grad():
+            self.embed.weight[pad_id].zero_()
+        self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+        kw = dict(dropout=dropout, attention_dropout=attention_dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, w, f, b, **kw) for w, f, b in _dims(max_arch.encoder))
+        self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, w, f, b, **kw) for w, f, b in _dims(max_arch.decoder))
+        self.encoder_norm = nn.LayerNorm(model_dim)
+        self.decoder_norm = nn.LayerNorm(model_dim)
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments as JSON-ready dict (``SuperTransformer.from_config`` inverts it)."""
+        return dict(vocab_size=self.vocab_size, model_dim=self.model_dim, heads=self.heads,
+                    max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
+                    attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
+                    max_positions=self.max_positions, pad_id=self.pad_id)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":
+        cfg = dict(config)
+        cfg["max_arch"] = Arch.from_dict(cfg["max_arch"])
+        return cls(**cfg)
+
+    def _check(self, arch: Arch | None) -> Arch:
+        if arch is None:
+            return self.max_arch
+        arch.check_within(self.max_arch)
+        for stack in (arch.encoder, arch.decoder):
+            for i, w in enumerate(stack.width):
+                if w % self.heads:
+                    raise ValueError(f"arch width[{i}]={w} is not divisible by heads={self.heads}")
+        return arch
+
+    def _embed(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        """``[b, t]`` ids -> ``[b, t, C]``: ``sqrt(C) * E[x] + PE[offset:offset+t]``, then dropout."""
+        t = tokens.size(1)
+        if offset + t > self.max_positions:
+            raise ValueError(f"sequence of {offset + t} tokens exceeds max_positions={self.max_positions}")
+        x = self.embed(tokens) * math.sqrt(self.model_dim) + self.positions[offset:offset + t]
+        return self.dropout(x)
+
+    def encode(self, src: torch.Tensor, arch: Arch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode ``src [b, s]`` -> (``memory [b, s, C]``, ``src_pad [b, s]`` bool, True at padding)."""
+        arch = self._check(arch)
+        src_pad = src.eq(self.pad_id)
+        x = self._embed(src)
+        for layer, dims in zip(self.encoder, _dims(arch.encoder)):
+            x = layer(x, dims, src_pad, self.drop_branch)
+        return self.encoder_norm(x), src_pad
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
+               arch: Arch | None = None) -> torch.Tensor:
+        """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``."""
+        arch = self._check(arch)
+        x = self._embed(tgt_in)
+        for layer, dims in zip(self.decoder, _dims(arch.decoder)):
+            x = layer(x, memory, dims, src_pad, self.drop_branch)
+        return F.linear(self.decoder_norm(x), self.embed.weight)
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None) -> torch.Tensor:
+        """``src [b, s]``, ``tgt_in [b, t]`` -> logits ``[b, t, V]`` of the sub-Transformer ``arch``
+        (the widest when None). Raises ValueError naming a choice beyond the supernet's maxima."""
+        memory, src_pad = self.encode(src, arch)
+        return self.decode(tgt_in, memory, src_pad, arch)
+
+    def decode_step(self, tokens: torch.Tensor, step: int, memory: torch.Tensor, src_pad: torch.Tensor,
+                    arch: Arch | None, cache: list[LayerCache]) -> torch.Tensor:
+        """One incremental decoding step with a key/value cache.
+
+        Args:
+            tokens: the newest target token per row ``[n, 1]`` (position ``step``).
+            memory, src_pad: from :meth:`encode`, ``[n, s, C]`` and ``[n, s]``.
+            cache: one dict per decoder layer (start with ``[{} for _ in range(layers)]``),
+                updated in place with self-attention keys/values and the cross-attention's
+                projected memory.
+        Returns:
+            logits of the next token ``[n, V]``.
+        """
+        arch = self._check(arch)
+        x = self._embed(tokens, offset=step)
+        for layer, dims, c in zip(self.decoder, _dims(arch.decoder), cache):
+            x = layer(x, memory, dims, src_pad, 0.0, cache=c)
+        return F.linear(self.decoder_norm(x[:, -1]), self.embed.weight)
+
+    @staticmethod
+    def reorder_cache(cache: list[LayerCache], index: torch.Tensor, part: str) -> None:
+        """Select rows ``index [n']`` of the cached ``part`` ("self" or "cross") in place.
+
+        Beam search reorders "self" every step; "cross" (equal across the beams of a
+        sentence) only when finished sentences leave the batch."""
+        for layer in cache:
+            tensors = layer.get(part, {})
+            for key in tensors:
+                tensors[key] = tensors[key].index_select(0, index)
+
+
+def count_params(model: nn.Module) -> int:
+    """Number of parameters (the tied embedding counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
+    """A standalone model holding only the weights of ``arch``, cropped from ``supernet``.
+
+    Every tensor of the standalone model is the leading (top-left) block of the supernet
+    tensor of the same name: the first layers, branches and channels (Scalable
+    Transformers sec. 3.1; MAT branches as a prefix). Its outputs equal
+    ``supernet(src, tgt, arch)``.
+
+    Raises:
+        ValueError: ``arch`` exceeds the supernet's maxima (names the choice).
+    """
+    supernet._check(arch)
+    cfg = supernet.config()
+    cfg["max_arch"] = arch.to_dict()
+    sub = SuperTransformer.from_config(cfg)
+    source = supernet.state_dict()
+    cropped = {}
+    for name, target in sub.state_dict().items():
+        full = source[name]
+        cropped[name] = full[tuple(slice(0, n) for n in target.shape)].clone()
+    sub.load_state_dict(cropped)
+    return sub.train(supernet.training)

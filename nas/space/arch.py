@@ -1,0 +1,115 @@
+"""The architecture of one sub-Transformer: an explicit, frozen, hashable value.
+
+An :class:`Arch` is passed to the supernet on every call (``supernet(src, tgt, arch)``);
+nothing about the architecture is stored on the modules. The same class also describes
+the *maxima* of a supernet (every layer at its widest), so a standalone model extracted
+for an arch is simply a model whose maxima are that arch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["Arch", "StackArch"]
+
+
+@dataclass(frozen=True)
+class StackArch:
+    """Per-layer choices of one stack (encoder or decoder); all tuples have len == layers."""
+
+    width: tuple[int, ...]
+    """Attention width D_l per layer (channels): q/k/v width of every branch; Scalable Transformers type 2."""
+    ffn_width: tuple[int, ...]
+    """Inner FFN width F_l per layer (channels)."""
+    branches: tuple[int, ...] = field(default=())
+    """Attention branches N_a per layer (MAT eq. 4); empty means one branch in every layer."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "width", tuple(int(w) for w in self.width))
+        object.__setattr__(self, "ffn_width", tuple(int(f) for f in self.ffn_width))
+        branches = tuple(int(b) for b in self.branches) or (1,) * len(self.width)
+        object.__setattr__(self, "branches", branches)
+        if not (len(self.width) == len(self.ffn_width) == len(self.branches)):
+            raise ValueError(
+                f"StackArch tuples differ in length: width={len(self.width)}, "
+                f"ffn_width={len(self.ffn_width)}, branches={len(self.branches)}; give one value per layer"
+            )
+        if not self.width:
+            raise ValueError("StackArch needs at least one layer")
+        for name in ("width", "ffn_width", "branches"):
+            for i, v in enumerate(getattr(self, name)):
+                if v < 1:
+                    raise ValueError(f"{name}[{i}]={v} must be >= 1")
+
+    @property
+    def layers(self) -> int:
+        """Number of layers in this stack."""
+        return len(self.width)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"width": list(self.width), "ffn_width": list(self.ffn_width), "branches": list(self.branches)}
+
+    def summary(self) -> str:
+        """One readable token per layer: ``width/ffn_width/branches`` (branches shown when > 1)."""
+        cells = []
+        for w, f, b in zip(self.width, self.ffn_width, self.branches):
+            cells.append(f"{w}/{f}" + (f"x{b}" if b > 1 else ""))
+        return " ".join(cells)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A sub-Transformer: the encoder's and the decoder's per-layer choices.
+
+    Layer counts are the tuple lengths: a sub-Transformer uses the first ``layers`` layers
+    of the supernet's stack, the first ``branches`` branches of each layer and the top-left
+    crop of each weight matrix (Scalable Transformers sec. 3.1, W[1:C, 1:D]).
+    """
+
+    encoder: StackArch
+    decoder: StackArch
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready nested dict; inverse of :meth:`from_dict`."""
+        return {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Arch":
+        """Build from :meth:`to_dict` output. Raises ValueError naming a missing key."""
+        try:
+            return cls(encoder=StackArch(**d["encoder"]), decoder=StackArch(**d["decoder"]))
+        except KeyError as e:
+            raise ValueError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Arch":
+        return cls.from_dict(json.loads(text))
+
+    @property
+    def arch_id(self) -> str:
+        """Stable 12-hex-digit hash of the architecture (same arch -> same id across runs)."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
+
+    def summary(self) -> str:
+        """Readable one-liner, e.g. ``enc[128/512x2 64/256] dec[128/512]``."""
+        return f"enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
+
+    def check_within(self, maxima: "Arch") -> None:
+        """Raise ValueError naming the first choice that exceeds ``maxima`` (the supernet's).
+
+        Example message: ``arch.encoder.width[2]=512 exceeds the supernet's 256``.
+        """
+        for stack in ("encoder", "decoder"):
+            sub, sup = getattr(self, stack), getattr(maxima, stack)
+            if sub.layers > sup.layers:
+                raise ValueError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
+            for name in ("width", "ffn_width", "branches"):
+                for i, (v, vmax) in enumerate(zip(getattr(sub, name), getattr(sup, name))):
+                    if v > vmax:
+                        raise ValueError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")

@@ -1,0 +1,201 @@
+"""The supernet against independent references: torch.nn.Transformer, extraction, cached decoding."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from nas.model import SuperTransformer, beam_search, count_params, extract
+from nas.space.arch import Arch, StackArch
+
+V, C, H = 37, 16, 2
+
+
+def _maxima(enc_layers=2, dec_layers=2, width=16, ffn=32, branches=3) -> Arch:
+    return Arch(StackArch((width,) * enc_layers, (ffn,) * enc_layers, (branches,) * enc_layers),
+                StackArch((width,) * dec_layers, (ffn,) * dec_layers, (branches,) * dec_layers))
+
+
+def _batch(seed=0, b=3, s=7, t=5):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, V, (b, s), generator=g)
+    tgt = torch.randint(4, V, (b, t), generator=g)
+    src[0, -2:] = 0  # padding in one sentence
+    return src, tgt
+
+
+def _random_arch(maxima: Arch, g: torch.Generator) -> Arch:
+    def stack(m: StackArch) -> StackArch:
+        n = int(torch.randint(1, m.layers + 1, (1,), generator=g))
+        pick = lambda hi, step: tuple(int(torch.randint(1, hi // step + 1, (1,), generator=g)) * step for _ in range(n))
+        return StackArch(pick(m.width[0], H * 2), pick(m.ffn_width[0], 4), pick(m.branches[0], 1))
+    return Arch(stack(maxima.encoder), stack(maxima.decoder))
+
+
+def _sinusoid(n, d):
+    pe = torch.zeros(n, d)
+    for p in range(n):
+        for i in range(0, d, 2):
+            pe[p, i] = math.sin(p / 10000 ** (i / d))
+            pe[p, i + 1] = math.cos(p / 10000 ** (i / d))
+    return pe
+
+
+def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer) -> None:
+    """Copy branch 0 of every supernet layer into torch.nn.Transformer's parameters."""
+    def mha(dst: nn.MultiheadAttention, src):
+        dst.in_proj_weight.copy_(src.w_in[0].reshape(3 * C, C))
+        dst.in_proj_bias.copy_(src.b_in[0].reshape(-1))
+        dst.out_proj.weight.copy_(src.w_out[0])
+        dst.out_proj.bias.copy_(src.b_out[0])
+
+    def ffn(dst, src):
+        dst.linear1.weight.copy_(src.w1); dst.linear1.bias.copy_(src.b1)
+        dst.linear2.weight.copy_(src.w2); dst.linear2.bias.copy_(src.b2)
+
+    with torch.no_grad():
+        for r, m in zip(ref.encoder.layers, model.encoder):
+            mha(r.self_attn, m.attn); ffn(r, m.ffn)
+            r.norm1.load_state_dict(m.ln_attn.state_dict()); r.norm2.load_state_dict(m.ln_ffn.state_dict())
+        for r, m in zip(ref.decoder.layers, model.decoder):
+            mha(r.self_attn, m.self_attn); mha(r.multihead_attn, m.cross_attn); ffn(r, m.ffn)
+            r.norm1.load_state_dict(m.ln_self.state_dict()); r.norm2.load_state_dict(m.ln_cross.state_dict())
+            r.norm3.load_state_dict(m.ln_ffn.state_dict())
+        ref.encoder.norm.load_state_dict(model.encoder_norm.state_dict())
+        ref.decoder.norm.load_state_dict(model.decoder_norm.state_dict())
+
+
+def test_degenerate_arch_matches_torch_transformer():
+    torch.manual_seed(0)
+    maxima = _maxima(width=C, ffn=32, branches=1)
+    model = SuperTransformer(V, C, H, maxima, dropout=0.1, drop_branch=0.0).eval()
+    ref = nn.Transformer(C, H, 2, 2, 32, dropout=0.0, norm_first=True, batch_first=True).eval()
+    _copy_into_reference(model, ref)
+    src, tgt = _batch()
+    emb = lambda x: model.embed.weight[x] * math.sqrt(C) + _sinusoid(x.size(1), C)
+    causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
+    with torch.no_grad():
+        hidden = ref(emb(src), emb(tgt), tgt_mask=causal, src_key_padding_mask=src.eq(0),
+                     memory_key_padding_mask=src.eq(0), tgt_is_causal=True)
+        expected = hidden @ model.embed.weight.T
+        got = model(src, tgt, maxima)
+    assert (got - expected).abs().max().item() <= 1e-5
+
+
+def test_multi_branch_equals_average_of_single_branch_attentions():
+    """MAT eq. 4: N_a branches = the mean of N_a independent MHAs (checked with nn.MultiheadAttention)."""
+    torch.manual_seed(1)
+    model = SuperTransformer(V, C, H, _maxima(branches=3)).eval()
+    attn = model.encoder[0].attn
+    x = torch.randn(2, 5, C)
+    refs = []
+    for i in range(2):
+        mha = nn.MultiheadAttention(C, H, batch_first=True).eval()
+        with torch.no_grad():
+            mha.in_proj_weight.copy_(attn.w_in[i].reshape(3 * C, C)); mha.in_proj_bias.copy_(attn.b_in[i].reshape(-1))
+            mha.out_proj.weight.copy_(attn.w_out[i]); mha.out_proj.bias.copy_(attn.b_out[i])
+        refs.append(mha(x, x, x, need_weights=False)[0])
+    with torch.no_grad():
+        got = attn(x, width=C, branches=2)
+    assert (got - (refs[0] + refs[1]) / 2).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_extract_equals_supernet_for_random_archs(seed):
+    torch.manual_seed(seed)
+    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3)
+    model = SuperTransformer(V, C, H, maxima).eval()
+    arch = _random_arch(maxima, torch.Generator().manual_seed(seed))
+    sub = extract(model, arch)
+    src, tgt = _batch(seed)
+    with torch.no_grad():
+        diff = (sub(src, tgt) - model(src, tgt, arch)).abs().max().item()
+    assert diff <= 1e-5
+    assert count_params(sub) < count_params(model) or arch == maxima
+    assert len(sub.encoder) == arch.encoder.layers and len(sub.decoder) == arch.decoder.layers
+
+
+def test_extract_holds_only_cropped_weights():
+    maxima = _maxima(width=16, ffn=32, branches=3)
+    model = SuperTransformer(V, C, H, maxima)
+    arch = Arch(StackArch((8,), (12,), (2,)), StackArch((4, 16), (32, 8), (1, 3)))
+    sub = extract(model, arch)
+    assert sub.encoder[0].attn.w_in.shape == (2, 3, 8, C)
+    assert sub.encoder[0].ffn.w1.shape == (12, C)
+    assert sub.decoder[1].cross_attn.w_out.shape == (3, C, 16)
+    assert torch.equal(sub.decoder[0].ffn.w2, model.decoder[0].ffn.w2[:, :32])
+    assert torch.equal(sub.encoder[0].attn.w_in, model.encoder[0].attn.w_in[:2, :, :8])
+
+
+def test_arch_beyond_maxima_is_refused_with_the_choice_named():
+    model = SuperTransformer(V, C, H, _maxima(width=16))
+    bad = Arch(StackArch((32,), (8,), (1,)), StackArch((8,), (8,), (1,)))
+    with pytest.raises(ValueError, match=r"encoder\.width\[0\]=32 exceeds"):
+        model(*_batch(), bad)
+
+
+def test_drop_branch_is_active_in_training_only():
+    torch.manual_seed(0)
+    model = SuperTransformer(V, C, H, _maxima(branches=2), dropout=0.0, drop_branch=0.5)
+    src, tgt = _batch()
+    model.eval()
+    with torch.no_grad():
+        a, b = model(src, tgt), model(src, tgt)
+    assert torch.equal(a, b)
+    model.train()
+    with torch.no_grad():
+        c, d = model(src, tgt), model(src, tgt)
+    assert not torch.allclose(c, d)
+
+
+def test_cached_decoding_matches_full_recomputation():
+    torch.manual_seed(3)
+    maxima = _maxima(branches=2)
+    model = SuperTransformer(V, C, H, maxima).eval()
+    arch = Arch(StackArch((8, 16), (16, 32), (2, 1)), StackArch((16,), (8,), (2,)))
+    src, tgt = _batch()
+    with torch.no_grad():
+        full = model(src, tgt, arch)  # [b, t, V]
+        memory, pad = model.encode(src, arch)
+        cache = [{} for _ in model.decoder]
+        steps = [model.decode_step(tgt[:, i:i + 1], i, memory, pad, arch, cache) for i in range(tgt.size(1))]
+    assert (torch.stack(steps, 1) - full).abs().max().item() <= 1e-5
+
+
+def _greedy_by_recomputation(model, src, arch, steps):
+    out = torch.full((src.size(0), 1), 2)
+    for _ in range(steps):
+        nxt = model(src, out, arch)[:, -1].argmax(-1, keepdim=True)
+        out = torch.cat([out, nxt], 1)
+    return out[:, 1:]
+
+
+def test_beam_size_one_equals_greedy_recomputation():
+    torch.manual_seed(4)
+    model = SuperTransformer(V, C, H, _maxima()).eval()
+    src, _ = _batch()
+    with torch.no_grad():
+        hyps = beam_search(model, src, beam_size=1, max_len_a=0.0, max_len_b=6)
+        ref = _greedy_by_recomputation(model, src, None, 6)
+    for hyp, r in zip(hyps, ref.tolist()):
+        r = r[: r.index(3)] if 3 in r else r[:5]
+        assert hyp == r
+
+
+def test_beam_search_finds_at_least_the_greedy_score():
+    torch.manual_seed(5)
+    model = SuperTransformer(V, C, H, _maxima()).eval()
+    src, _ = _batch(b=4)
+
+    def score(hyp, i):
+        tgt = torch.tensor([[2] + hyp])
+        lp = torch.log_softmax(model(src[i:i + 1], tgt), -1)[0]
+        ids = hyp + [3]
+        return sum(lp[j, t].item() for j, t in enumerate(ids)) / len(ids)
+
+    with torch.no_grad():
+        greedy = beam_search(model, src, beam_size=1)
+        beam = beam_search(model, src, beam_size=4)
+        for i in range(4):
+            assert score(beam[i], i) >= score(greedy[i], i) - 1e-4
