@@ -1,0 +1,210 @@
+"""``nas``: sweep, train, leaderboard, export, translate, space.
+
+Bad input (a YAML error, a missing file, an unknown run) prints one clear message and
+exits with code 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
+app.add_typer(space_app, name="space")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(message: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/bold red] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+def _load(file: Path, check_files: bool = True):
+    from nas.space.spec import SpecError, load_spec
+
+    try:
+        return load_spec(file, check_files=check_files)
+    except SpecError as e:
+        _fail(str(e))
+
+
+@app.command()
+def sweep(file: Path = typer.Argument(..., help="Sweep YAML (search_spaces/*.yaml)."),
+          address: Optional[str] = typer.Option(None, help="Ray cluster address (auto or ray://HOST:10001).")) -> None:
+    """Train the supernet (or reuse a trained one) and run the Optuna search; prints the leaderboard."""
+    spec = _load(file)
+    from nas import tracking
+    from nas.data import DataError
+    from nas.search import run_sweep
+    from nas.space.spec import SpecError
+
+    try:
+        result = run_sweep(spec, file, address=address)
+    except (SpecError, DataError) as e:
+        _fail(str(e))
+    rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
+                                metric=spec.search.metrics[0].name)
+    out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
+    m = result.supernet_metrics
+    out.print(f"supernet: widest sub-Transformer BLEU {m.get('widest_bleu', float('nan')):.2f} "
+              f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
+              f"trials completed {result.trials_completed}, failed {result.trials_failed}")
+    out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at {tracking.tracking_uri()}")
+
+
+@app.command()
+def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet, space and train sections are used."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet).")) -> None:
+    """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
+    spec = _load(file)
+    from nas import tracking
+    from nas.search.runner import prepare_sweep_data
+    from trainers import train_supernet
+
+    data = prepare_sweep_data(spec)
+    target = out_dir or spec.run_dir / "supernet"
+    run = tracking.start_run(spec.experiment, f"{spec.name}-supernet", role="supernet",
+                             tags={"nas.supernet_dir": str(target.resolve()), "nas.data_dir": str(Path(data.root).resolve())},
+                             params={"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json")})
+    try:
+        result = train_supernet(spec, data, target, report=lambda m: tracking.log_metrics(run, m, int(m.get("step", 0))))
+    except BaseException:
+        tracking.end_run(run, "FAILED")
+        raise
+    tracking.end_run(run)
+    out.print_json(json.dumps(result.metrics))
+
+
+@app.command()
+def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow experiment (default: the latest sweep's)."),
+                metric: str = typer.Option("bleu", help="bleu | chrf | valid_loss | params_m | latency_ms"),
+                top: int = typer.Option(10, min=1), sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep id."),
+                fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet"),
+                out_file: Optional[Path] = typer.Option(None, "--out", help="File for csv/json/parquet.")) -> None:
+    """Best trials from MLflow, ranked by a metric."""
+    from nas import tracking
+
+    try:
+        experiment = experiment or _latest_experiment()
+        rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id)
+    except (LookupError, ValueError) as e:
+        _fail(str(e))
+    if fmt == "table":
+        out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
+        return
+    if out_file is None:
+        _fail(f"--format {fmt} needs --out FILE")
+    try:
+        path = tracking.write_leaderboard(rows, fmt, out_file)
+    except ValueError as e:
+        _fail(str(e))
+    out.print(f"wrote {len(rows)} rows to {path}")
+
+
+def _latest_experiment() -> str:
+    from nas import tracking
+
+    client = tracking.get_client()
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
+    if not runs:
+        raise LookupError(f"no sweep found at {tracking.tracking_uri()}; run `nas sweep FILE` first or pass --experiment")
+    return client.get_experiment(runs[0].info.experiment_id).name
+
+
+@app.command()
+def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (replaced if it exists)."),
+           best: bool = typer.Option(False, "--best", help="Export the best trial of the experiment."),
+           run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
+           metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
+           experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's).")) -> None:
+    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model."""
+    from nas import tracking
+    from nas.export import export_arch
+    from nas.space.arch import Arch
+
+    if best == bool(run_id):
+        _fail("pass exactly one of --best or --run-id ID")
+    client = tracking.get_client()
+    try:
+        if best:
+            rows = tracking.leaderboard(experiment or _latest_experiment(), metric=metric, top=1)
+            if not rows:
+                raise LookupError("no finished trial to export; run `nas sweep FILE` first")
+            run_id = rows[0].run_id
+        run = client.get_run(run_id)
+    except (LookupError, ValueError) as e:
+        _fail(str(e))
+    except Exception as e:  # mlflow raises MlflowException for an unknown run id
+        _fail(f"cannot read MLflow run {run_id!r}: {e}")
+    tags = run.data.tags
+    arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
+    provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
+                  "sweep_id": tags.get("nas.sweep_id")}
+    try:
+        path = export_arch(tags["nas.supernet_dir"], Path(tags["nas.data_dir"]) / "spm.model", arch, out_dir,
+                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance)
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        _fail(f"cannot export run {run_id}: {e}")
+    out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
+
+
+@app.command(name="translate")
+def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by `nas export`."),
+                  beam_size: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the export's).")) -> None:
+    """Translate source sentences from stdin (one per line) to stdout."""
+    from nas.export import load_export
+
+    try:
+        model = load_export(directory)
+    except FileNotFoundError as e:
+        _fail(str(e))
+    lines = [line.strip() for line in sys.stdin]
+    for hyp in model.translate(lines, beam_size=beam_size):
+        sys.stdout.write(hyp + "\n")
+
+
+@space_app.command("show")
+def space_show(file: Path) -> None:
+    """Dimensions, number of sub-Transformers and parameter counts of a sweep's space."""
+    spec = _load(file, check_files=False)
+    from rich.table import Table
+
+    from nas.model.supernet import SuperTransformer, count_params, extract
+    from nas.space.space import SearchSpace, format_count
+
+    space = SearchSpace.from_spec(spec)
+    table = Table(title=f"{spec.name}: search space")
+    for col in ("dimension", "choices", "scope"):
+        table.add_column(col)
+    for row in space.describe():
+        table.add_row(*row)
+    out.print(table)
+    sn = spec.supernet
+    supernet = SuperTransformer(spec.data.tokenizer.vocab_size, sn.model_dim, sn.heads, space.supernet_maxima(spec),
+                                max_positions=sn.max_positions)
+    out.print(f"sub-Transformers: {format_count(space.size())}")
+    for label, model in (("supernet", supernet), ("largest sub-net", extract(supernet, space.widest())),
+                         ("smallest sub-net", extract(supernet, space.narrowest()))):
+        out.print(f"{label}: {count_params(model) / 1e6:.2f} M parameters (vocabulary {spec.data.tokenizer.vocab_size})")
+
+
+@space_app.command("sample")
+def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -> None:
+    """Print a random sub-Transformer of the space as JSON."""
+    spec = _load(file, check_files=False)
+    from nas.space.space import SearchSpace
+
+    out.print_json(SearchSpace.from_spec(spec).sample(random.Random(seed)).to_json())
+
+
+if __name__ == "__main__":
+    app()

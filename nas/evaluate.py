@@ -1,0 +1,89 @@
+"""Scoring a sub-Transformer with inherited weights: BLEU, chrF, validation loss, latency.
+
+BLEU and chrF are sacrebleu's corpus scores on detokenized text (SentencePiece decoding),
+with sacrebleu's default ``13a`` tokenization.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import sacrebleu
+import torch
+
+from nas.data import EOS_ID, TokenBatcher, Tokenizer
+from nas.model.decode import beam_search
+from nas.model.supernet import SuperTransformer
+from nas.space.arch import Arch
+from nas.model.losses import label_smoothed_nll
+
+__all__ = ["translate", "corpus_scores", "valid_loss", "latency_ms", "Scores"]
+
+
+@dataclass(frozen=True)
+class Scores:
+    bleu: float
+    """sacrebleu corpus BLEU (0-100)."""
+    chrf: float
+    """sacrebleu corpus chrF (0-100)."""
+
+
+def _encode_src(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[list[int]]:
+    return [ids[: max_len - 1] + [EOS_ID] for ids in tokenizer.encode(sentences)]
+
+
+@torch.no_grad()
+def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
+              beam_size: int = 4, batch_size: int = 64) -> list[str]:
+    """Translate raw sentences with beam search; returns detokenized strings in input order.
+
+    Sentences are decoded in batches of up to ``batch_size``, sorted by length to limit padding.
+    """
+    model.eval()
+    ids = _encode_src(tokenizer, sentences, model.max_positions // 2)
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: list[list[int]] = [[] for _ in ids]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        width = max(len(ids[i]) for i in chunk)
+        src = torch.zeros(len(chunk), width, dtype=torch.long)  # [b, s], PAD = 0
+        for row, i in enumerate(chunk):
+            src[row, : len(ids[i])] = torch.tensor(ids[i])
+        for i, hyp in zip(chunk, beam_search(model, src, arch, beam_size=beam_size)):
+            out[i] = hyp
+    return tokenizer.decode(out)
+
+
+def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
+    """Corpus BLEU and chrF (sacrebleu) of detokenized hypotheses against one reference each."""
+    return Scores(bleu=sacrebleu.corpus_bleu(hypotheses, [references]).score,
+                  chrf=sacrebleu.corpus_chrf(hypotheses, [references]).score)
+
+
+@torch.no_grad()
+def valid_loss(model: SuperTransformer, src_ids: list[list[int]], tgt_ids: list[list[int]], arch: Arch | None = None,
+               *, max_tokens: int = 4096) -> float:
+    """Mean negative log-likelihood per target token (nats, no label smoothing)."""
+    model.eval()
+    total, tokens = 0.0, 0
+    for batch in TokenBatcher(src_ids, tgt_ids, max_tokens, shuffle=False).batches(0):
+        _, nll = label_smoothed_nll(model(batch.src, batch.tgt_in, arch), batch.tgt_out, 0.0)
+        total, tokens = total + float(nll), tokens + batch.ntokens
+    return total / max(tokens, 1)
+
+
+@torch.no_grad()
+def latency_ms(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
+               beam_size: int = 4) -> float:
+    """Median wall time (milliseconds) to translate one sentence at batch size 1 with beam search,
+    embeddings and output projection included, on this process's device and threads (one warm-up run)."""
+    model.eval()
+    translate(model, tokenizer, sentences[:1], arch, beam_size=beam_size)
+    times = []
+    for s in sentences:
+        t0 = time.perf_counter()
+        translate(model, tokenizer, [s], arch, beam_size=beam_size, batch_size=1)
+        times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)

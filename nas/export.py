@@ -1,0 +1,81 @@
+"""Export a sub-Transformer to standalone files, load it back, translate with it.
+
+An export folder holds exactly what translation needs, and nothing of the supernet:
+
+- ``model.safetensors`` - the cropped weights (``extract(arch)``),
+- ``model.json`` - the constructor config (its maxima are the arch),
+- ``arch.json`` - the architecture, ``spm.model`` - the SentencePiece model,
+- ``export.json`` - provenance (MLflow run id, metrics, beam size).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from nas.data import Tokenizer
+from nas.evaluate import translate
+from nas.model.io import atomic_write_text, load_model, save_model
+from nas.model.supernet import SuperTransformer, extract
+from nas.space.arch import Arch
+
+__all__ = ["export_arch", "load_export", "Exported"]
+
+
+@dataclass(frozen=True)
+class Exported:
+    model: SuperTransformer
+    tokenizer: Tokenizer
+    arch: Arch
+    beam_size: int
+
+    def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
+        """Detokenized translations of raw source sentences."""
+        return translate(self.model, self.tokenizer, sentences, beam_size=beam_size or self.beam_size)
+
+
+def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out: str | Path, *,
+                beam_size: int = 4, provenance: dict | None = None) -> Path:
+    """Crop ``arch`` out of the supernet saved in ``supernet_dir`` and write an export folder.
+
+    The folder is assembled under a temporary name and renamed into place, so an
+    interrupted export never leaves a half-written folder; an existing ``out`` is replaced.
+
+    Raises:
+        FileNotFoundError: the supernet or SentencePiece file is missing (names it).
+        ValueError: ``arch`` exceeds the supernet (names the choice).
+    """
+    out = Path(out)
+    spm_model = Path(spm_model)
+    if not spm_model.is_file():
+        raise FileNotFoundError(f"SentencePiece model not found: {spm_model}")
+    sub = extract(load_model(supernet_dir, "supernet"), arch)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(sub, tmp, "model")
+    shutil.copyfile(spm_model, tmp / "spm.model")
+    atomic_write_text(tmp / "arch.json", json.dumps(arch.to_dict(), indent=2))
+    atomic_write_text(tmp / "export.json", json.dumps({"beam_size": beam_size, **(provenance or {})}, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def load_export(directory: str | Path) -> Exported:
+    """Load an export folder written by :func:`export_arch` (no supernet needed).
+
+    Raises:
+        FileNotFoundError: a file of the export is missing (names it).
+    """
+    directory = Path(directory)
+    meta_file = directory / "export.json"
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{directory} is not a nas export (no export.json); create one with `nas export`")
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    model = load_model(directory, "model")
+    arch = Arch.from_dict(json.loads((directory / "arch.json").read_text(encoding="utf-8")))
+    return Exported(model=model, tokenizer=Tokenizer(directory / "spm.model"), arch=arch,
+                    beam_size=int(meta.get("beam_size", 4)))

@@ -1,0 +1,266 @@
+"""The sweep YAML: pydantic models and a loader whose errors name the file, key path and fix.
+
+Relative data paths are resolved against the current working directory (the repository
+root in the README's commands).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec"]
+
+
+class SpecError(ValueError):
+    """A sweep YAML that cannot run; the message names the file, the key path and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PairFiles(_Strict):
+    src: Path
+    """Source-side text file (one sentence per line, gzip or plain UTF-8)."""
+    tgt: Path
+    """Target-side text file, line-aligned with ``src``."""
+
+
+class TokenizerSpec(_Strict):
+    vocab_size: int = Field(8000, ge=100)
+    """Joint SentencePiece vocabulary size (tokens)."""
+
+
+class DataSpec(_Strict):
+    train: PairFiles
+    valid: PairFiles
+    tokenizer: TokenizerSpec = TokenizerSpec()
+    max_train_pairs: int | None = Field(None, ge=1)
+    """Use only the first N training pairs (None: all)."""
+    max_valid_pairs: int | None = Field(None, ge=1)
+    """Use only the first N validation pairs (None: all)."""
+    max_len: int = Field(128, ge=4)
+    """Longest training sentence kept (subword tokens)."""
+    cache_dir: Path = Path("nas_runs/data")
+    """Where tokenized Parquet files are cached (by a hash of inputs and settings)."""
+
+
+class SupernetSpec(_Strict):
+    model_dim: int = Field(..., ge=8)
+    """C: model width (channels), fixed for every sub-Transformer (type-2 Scalable Transformers)."""
+    heads: int = Field(4, ge=1)
+    """Attention heads per branch; every attention width must be divisible by it."""
+    encoder_layers: int = Field(..., ge=1)
+    decoder_layers: int = Field(..., ge=1)
+    ffn_width: int | None = Field(None, ge=1)
+    """Widest FFN inner width (channels); default: the largest value in ``space.ffn_width``."""
+    branches: int | None = Field(None, ge=1)
+    """Most attention branches N_a (MAT); default: the largest value in ``space.branches``."""
+    dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    max_positions: int = Field(256, ge=16)
+    """Longest sequence (tokens) the sinusoidal position table covers."""
+
+
+class Dimension(_Strict):
+    values: list[int] = Field(..., min_length=1)
+    """The choices (an Optuna categorical)."""
+    per_layer: bool = False
+    """True: one choice per layer; False: one choice per stack (encoder, decoder)."""
+
+
+class SpaceSpec(_Strict):
+    encoder_layers: Dimension | None = None
+    """Encoder depth choices; default: the supernet's depth only."""
+    decoder_layers: Dimension | None = None
+    width: Dimension | None = None
+    """Attention width D_l (channels); default: model_dim only."""
+    ffn_width: Dimension | None = None
+    """FFN inner width F_l (channels); default: supernet.ffn_width only."""
+    branches: Dimension | None = None
+    """Attention branches N_a (MAT eq. 4); default: 1."""
+
+
+class TrainSpec(_Strict):
+    steps: int = Field(3000, ge=1)
+    """Optimizer steps of supernet training."""
+    max_tokens: int = Field(4096, ge=8)
+    """Padded tokens per batch (source or target side, whichever is longer)."""
+    lr: float = Field(5e-4, gt=0)
+    """Peak learning rate, reached after ``warmup_steps``; then inverse square root decay."""
+    warmup_steps: int = Field(400, ge=1)
+    sandwich_k: int = Field(1, ge=0)
+    """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
+    drop_branch: float = Field(0.1, ge=0.0, lt=1.0)
+    """MAT drop-branch rate rho (eq. 5-7), training only."""
+    label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
+    clip_norm: float = Field(1.0, gt=0)
+    """Gradient clipping: max global L2 norm."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    checkpoint_every: int = Field(200, ge=1)
+    """Steps between checkpoints (also written at the end)."""
+    log_every: int = Field(50, ge=1)
+    precision: Literal["bf16", "fp32"] = "bf16"
+    """Autocast dtype for training (bf16 is 1.75-2x faster on AMX CPUs with the same loss curve)."""
+    threads: int | None = Field(None, ge=1)
+    """torch threads for standalone training (None: torch's default); Ray trials use resources.cpu."""
+    seed: int = 0
+    eval_beam_size: int = Field(4, ge=1)
+    """Beam size for the widest sub-Transformer's validation BLEU at the end of training."""
+
+
+class MetricSpec(_Strict):
+    name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms"]
+    goal: Literal["maximize", "minimize"]
+
+
+class SearchSpec(_Strict):
+    method: Literal["tpe", "nsga2", "gp", "random"] = "tpe"
+    """Optuna sampler."""
+    trials: int = Field(8, ge=1)
+    max_concurrent: int = Field(2, ge=1)
+    cpu_per_trial: float = Field(1.0, gt=0)
+    metrics: list[MetricSpec] = Field(default_factory=lambda: [MetricSpec(name="bleu", goal="maximize")], min_length=1)
+    beam_size: int = Field(4, ge=1)
+    valid_sentences: int | None = Field(None, ge=1)
+    """Score each trial on the first N validation sentences (None: all)."""
+    latency_sentences: int = Field(10, ge=1)
+    """Sentences timed one by one (batch size 1) for ``latency_ms``; the median is reported."""
+    seed: int = 0
+
+
+class ResourcesSpec(_Strict):
+    cpu: float = Field(2.0, gt=0)
+    """CPUs for the supernet-training trial."""
+    gpu: float = Field(0.0, ge=0)
+
+
+class TrackingSpec(_Strict):
+    experiment: str | None = None
+    """MLflow experiment; default: the sweep's name."""
+
+
+class SweepSpec(_Strict):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
+    data: DataSpec
+    supernet: SupernetSpec
+    space: SpaceSpec = SpaceSpec()
+    train: TrainSpec = TrainSpec()
+    search: SearchSpec = SearchSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    tracking: TrackingSpec = TrackingSpec()
+    workdir: Path = Path("nas_runs")
+    """Where checkpoints, the Optuna journal and Ray results go (a folder per sweep name)."""
+
+    @property
+    def experiment(self) -> str:
+        return self.tracking.experiment or self.name
+
+    @property
+    def run_dir(self) -> Path:
+        return self.workdir / self.name
+
+    @model_validator(mode="after")
+    def _check_space(self) -> "SweepSpec":
+        sn, sp = self.supernet, self.space
+        limits = {
+            "encoder_layers": ("supernet.encoder_layers", sn.encoder_layers),
+            "decoder_layers": ("supernet.decoder_layers", sn.decoder_layers),
+            "width": ("supernet.model_dim", sn.model_dim),
+            "ffn_width": ("supernet.ffn_width", sn.ffn_width),
+            "branches": ("supernet.branches", sn.branches),
+        }
+        for key, (limit_key, limit) in limits.items():
+            dim = getattr(sp, key)
+            if dim is None:
+                continue
+            if len(set(dim.values)) != len(dim.values):
+                raise ValueError(f"space.{key}.values={dim.values} repeats a value; list each choice once")
+            for v in dim.values:
+                if v < 1:
+                    raise ValueError(f"space.{key}.values contains {v}; choices must be >= 1")
+                if limit is not None and v > limit:
+                    raise ValueError(f"space.{key}.values contains {v}, above {limit_key}={limit}; "
+                                     f"lower the value or raise {limit_key}")
+                if key == "width" and v % sn.heads:
+                    raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={sn.heads}")
+        if sn.model_dim % sn.heads:
+            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}")
+        if sn.ffn_width is None and sp.ffn_width is None:
+            raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
+        return self
+
+
+def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
+    """Suggest the closest allowed key for an unknown key at ``loc``."""
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        ann = getattr(field, "annotation", None) if field else None
+        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not candidates:
+            return ""
+        model = candidates[0]
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(model.model_fields)})"
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        path = ".".join(str(p) for p in loc) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"{source}: {path}: unknown key{_did_you_mean(loc, SweepSpec)}")
+        elif e["type"] == "missing":
+            lines.append(f"{source}: {path}: required key is missing")
+        elif e["type"] == "value_error":
+            msg = str(e.get("ctx", {}).get("error", e["msg"]))
+            lines.append(f"{source}: {path + ': ' if loc else ''}{msg}")
+        else:
+            lines.append(f"{source}: {path}: {e['msg']} (got {e.get('input')!r})")
+    return "\n".join(lines)
+
+
+def parse_spec(raw: Any, source: str = "<yaml>") -> SweepSpec:
+    """Validate a parsed YAML mapping. Raises SpecError naming each bad key path."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: the top level must be a mapping of keys (name, data, supernet, ...)")
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(_format_errors(e, source)) from None
+
+
+def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
+    """Read and validate a sweep YAML; nothing is started or written.
+
+    Raises:
+        SpecError: unreadable file, malformed YAML (with the line number), an unknown key
+            (with a suggestion), a wrong type, an impossible space, or (``check_files``)
+            a missing data file, each naming the key path.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot read sweep file {path}: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    spec = parse_spec(raw, str(path))
+    if check_files:
+        for split in ("train", "valid"):
+            for side in ("src", "tgt"):
+                f = getattr(getattr(spec.data, split), side)
+                if not f.is_file():
+                    raise SpecError(f"{path}: data.{split}.{side}: file not found: {f} "
+                                    f"(resolved from {Path.cwd()}); fix the path or run from the folder it is relative to")
+    return spec

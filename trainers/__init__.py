@@ -1,0 +1,5 @@
+"""The supernet trainer: sandwich-rule loop, losses, checkpoints (no ray/mlflow/optuna imports)."""
+
+from trainers.loop import TrainResult, build_supernet, inverse_sqrt_lr, train_supernet
+
+__all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr"]

@@ -1,0 +1,204 @@
+"""Supernet training with the sandwich rule, resumable from atomic checkpoints.
+
+Each step trains the widest sub-Transformer, the narrowest and ``k`` random ones on the
+same batch and sums their gradients (the sandwich rule of slimmable networks, as used by
+Scalable Transformers' joint stage, sec. 3.3), with label-smoothed cross-entropy, Adam
+with inverse-square-root warm-up and gradient clipping. A checkpoint (model, optimizer,
+scheduler, RNG states, data position) is written every ``checkpoint_every`` steps through a
+temporary file and ``os.replace``; rerunning resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from nas.data import PreparedData, TokenBatcher
+from nas.evaluate import corpus_scores, translate, valid_loss
+from nas.model.io import atomic_write_text, save_model
+from nas.model.supernet import SuperTransformer
+from nas.space.space import SearchSpace
+from nas.space.spec import SweepSpec
+from nas.model.losses import label_smoothed_nll
+
+__all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr"]
+
+Report = Callable[[dict[str, float]], None]
+CHECKPOINT = "checkpoint.pt"
+SUPERNET = "supernet"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    supernet_dir: Path
+    """Folder with ``supernet.safetensors`` + ``supernet.json``."""
+    steps: int
+    metrics: dict[str, float]
+    """Final metrics: ``widest_bleu``, ``widest_chrf``, ``widest_valid_loss``, ``train_loss``, ``train_seconds``."""
+
+
+def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
+    """The supernet of a sweep: maxima from ``spec.supernet`` and the space."""
+    sn = spec.supernet
+    maxima = SearchSpace.from_spec(spec).supernet_maxima(spec)
+    return SuperTransformer(vocab_size, sn.model_dim, sn.heads, maxima, dropout=sn.dropout,
+                            attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
+                            max_positions=sn.max_positions)
+
+
+def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up to 1 over ``warmup_steps``, then ``sqrt(warmup/step)`` (Vaswani et al.)."""
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+    return factor
+
+
+def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("[bold]supernet"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not enabled)
+
+
+def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, report: Report | None = None,
+                   progress: bool | None = None) -> TrainResult:
+    """Train (or resume training) the sweep's supernet; returns where it was saved and its final scores.
+
+    Args:
+        spec: the sweep (``train``, ``supernet`` and ``space`` sections are used).
+        data: tokenized corpus from :func:`nas.data.prepare_data`.
+        out_dir: folder for ``checkpoint.pt`` and the final ``supernet.*`` files; a
+            finished run found there is not trained again.
+        report: called with metrics every ``log_every`` steps and once at the end
+            (``ray.tune.report`` inside a trial, MLflow logging standalone).
+        progress: show a progress bar (default: when stderr is a terminal).
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tr = spec.train
+    torch.manual_seed(tr.seed)
+    if tr.threads:
+        torch.set_num_threads(tr.threads)
+    space = SearchSpace.from_spec(spec)
+    model = build_supernet(spec, data.vocab_size)
+    optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=tr.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(tr.warmup_steps))
+    src, tgt = data.load_split("train")
+    batcher = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+    rng = random.Random(tr.seed)
+    state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}}
+    ckpt_path = out_dir / CHECKPOINT
+    if ckpt_path.is_file():
+        ckpt = torch.load(ckpt_path, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        rng.setstate(_as_tuple(ckpt["sampler_rng"]))
+        state = ckpt["state"]
+    if state["step"] >= tr.steps and (out_dir / "metrics.json").is_file():
+        return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+    def checkpoint() -> None:
+        _save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                     "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
+                                     "sampler_rng": rng.getstate(), "state": state})
+
+    widest, narrowest = space.widest(), space.narrowest()
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
+    show = sys.stderr.isatty() if progress is None else progress
+    model.train()
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "t0": time.perf_counter(), "steps": 0}
+    with _progress(show) as bar:
+        task = bar.add_task("train", total=tr.steps, completed=state["step"], info="")
+        while state["step"] < tr.steps:
+            for batch in batcher.batches(state["epoch"], start=state["position"]):
+                archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
+                optimizer.zero_grad(set_to_none=True)
+                for i, arch in enumerate(archs):
+                    with autocast:
+                        logits = model(batch.src, batch.tgt_in, arch)
+                    loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+                    (loss / batch.ntokens).backward()
+                    if i == 0:
+                        window["loss"] += float(loss) / batch.ntokens
+                        window["nll"] += float(nll) / batch.ntokens
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
+                optimizer.step()
+                scheduler.step()
+                state["step"] += 1
+                state["position"] += 1
+                window["tokens"] += batch.ntokens
+                window["steps"] += 1
+                if not math.isfinite(grad_norm):
+                    raise FloatingPointError(f"non-finite gradient norm at step {state['step']}; lower train.lr")
+                if state["step"] % tr.log_every == 0 or state["step"] == tr.steps:
+                    metrics = _window_metrics(window, optimizer, grad_norm)
+                    state["elapsed_s"] += metrics.pop("window_s")
+                    bar.update(task, completed=state["step"],
+                               info=f"loss {metrics['train_loss']:.3f} | {metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
+                    if not show:
+                        print(f"step {state['step']}/{tr.steps} loss {metrics['train_loss']:.3f} "
+                              f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
+                    if report:
+                        report({**metrics, "step": state["step"]})
+                else:
+                    bar.update(task, completed=state["step"])
+                if state["step"] % tr.checkpoint_every == 0:
+                    checkpoint()
+                if state["step"] >= tr.steps:
+                    break
+            else:
+                state["epoch"] += 1
+                state["position"] = 0
+    model.eval()
+    save_model(model, out_dir, SUPERNET)
+    state["final"] = {**_final_scores(model, data, spec, widest), "train_seconds": state["elapsed_s"],
+                      "epochs": state["epoch"] + state["position"] / max(len(batcher), 1)}
+    checkpoint()
+    atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
+    if report:
+        report({**state["final"], "step": state["step"]})
+    return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+
+def _as_tuple(x: Any) -> Any:
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def _window_metrics(window: dict[str, float], optimizer: torch.optim.Optimizer, grad_norm: float) -> dict[str, float]:
+    seconds = time.perf_counter() - window["t0"]
+    n = max(window["steps"], 1)
+    metrics = {"train_loss": window["loss"] / n, "train_nll": window["nll"] / n,
+               "tokens_per_s": window["tokens"] / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"],
+               "grad_norm": grad_norm, "window_s": seconds}
+    window.update(loss=0.0, nll=0.0, tokens=0, steps=0, t0=time.perf_counter())
+    return metrics
+
+
+def _final_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec, widest) -> dict[str, float]:
+    """Validation BLEU/chrF (beam search) and loss of the widest sub-Transformer."""
+    src_text, ref_text = data.valid_text()
+    hyps = translate(model, data.tokenizer(), src_text, widest, beam_size=spec.train.eval_beam_size)
+    scores = corpus_scores(hyps, ref_text)
+    src, tgt = data.load_split("valid")
+    return {"widest_bleu": scores.bleu, "widest_chrf": scores.chrf,
+            "widest_valid_loss": valid_loss(model, src, tgt, widest, max_tokens=spec.train.max_tokens)}
