@@ -15,10 +15,15 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 __all__ = ["MultiBranchAttention", "ElasticFFN", "EncoderLayer", "DecoderLayer", "sinusoidal_positions", "drop_mask"]
 
 Cache = dict[str, torch.Tensor]
+# On CPU the math backend is faster than the flash kernel for MT-length sequences (its
+# backward dominated training time: benchmarks/bench_train.py); elsewhere let torch choose.
+_CPU_BACKENDS = [SDPBackend.MATH]
+_ALL_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH]
 
 
 def sinusoidal_positions(max_positions: int, dim: int) -> torch.Tensor:
@@ -127,19 +132,19 @@ class MultiBranchAttention(nn.Module):
                     cache["ck"], cache["cv"] = k, v
         q = self._heads(q)  # [b, B*h, t, dh]
         mask = None if key_pad is None else ~key_pad[:, None, None, :]  # [b, 1, 1, s], True = attend
-        o = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal and mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
-        )  # [b, B*h, t, dh]
+        with sdpa_kernel(_CPU_BACKENDS if q.device.type == "cpu" else _ALL_BACKENDS):
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal and mask is None,
+                dropout_p=self.dropout if self.training else 0.0,
+            )  # [b, B*h, t, dh]
         o = o.transpose(1, 2).reshape(bsz, t, nb, width)  # [b, t, B, D]
-        if branch_scale is None:
-            o = o / nb
-            b_out = self.b_out[:nb].mean(0)  # [C]
-        else:
-            scale = branch_scale / nb  # [b, B]
-            o = o * scale[:, None, :, None].to(o.dtype)
-            b_out = (scale @ self.b_out[:nb])[:, None, :]  # [b, 1, C]
         w_out = self.w_out[:nb, :, :width].permute(1, 0, 2).reshape(c, nb * width)  # [C, B*D]
+        if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
+            w_out = w_out if nb == 1 else w_out / nb
+            return F.linear(o.reshape(bsz, t, nb * width), w_out, self.b_out[:nb].mean(0))
+        scale = branch_scale / nb  # [b, B]
+        o = o * scale[:, None, :, None].to(o.dtype)
+        b_out = (scale @ self.b_out[:nb])[:, None, :]  # [b, 1, C]
         return F.linear(o.reshape(bsz, t, nb * width), w_out) + b_out
 
     def _heads(self, z: torch.Tensor) -> torch.Tensor:

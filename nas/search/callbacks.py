@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from ray.tune import Callback
+from rich.console import Console
 
 from nas import tracking
 
@@ -36,6 +37,8 @@ class MlflowTrialCallback(Callback):
         self.experiment, self.parent_run_id, self.role = experiment, parent_run_id, role
         self.tags, self.params = dict(tags), dict(params or {})
         self.run_ids: dict[str, str] = {}
+        self.finished = 0
+        self.console = Console(stderr=True, highlight=False)
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
         name = f"{self.role}-{trial.trial_id}"
@@ -58,9 +61,16 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
         run_id = self.run_ids.pop(trial.trial_id, None)
-        if run_id is not None:
-            bad = [k for k, v in (trial.last_result or {}).items() if isinstance(v, float) and math.isnan(v)]
-            tracking.end_run(run_id, "FAILED" if bad else "FINISHED")
+        if run_id is None:
+            return
+        last = trial.last_result or {}
+        bad = [k for k, v in last.items() if isinstance(v, float) and math.isnan(v)]
+        tracking.end_run(run_id, "FAILED" if bad else "FINISHED")
+        self.finished += 1
+        if self.role == "trial":
+            self.console.print(f"trial {self.finished} done: BLEU {last.get('bleu', float('nan')):.2f} "
+                               f"chrF {last.get('chrf', float('nan')):.2f} latency {last.get('latency_ms', float('nan')):.1f} ms "
+                               f"params {last.get('params_m', float('nan')):.2f} M  {last.get('arch_summary', '')}")
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         run_id = self.run_ids.pop(trial.trial_id, None)
@@ -68,3 +78,4 @@ class MlflowTrialCallback(Callback):
             error = getattr(trial, "error_file", None) or "see the Ray trial logs"
             tracking.get_client().set_tag(run_id, "nas.error", str(error)[:4000])
             tracking.end_run(run_id, "FAILED")
+            self.console.print(f"[red]{self.role} {trial.trial_id} failed[/red]: {error}")

@@ -83,7 +83,7 @@ def _fit(trainable, resources: dict[str, float], tune_config: tune.TuneConfig, n
          callback: MlflowTrialCallback) -> tune.ResultGrid:
     tuner = tune.Tuner(tune.with_resources(trainable, resources), tune_config=tune_config,
                        run_config=tune.RunConfig(name=name, storage_path=str(storage.resolve()), callbacks=[callback],
-                                                 verbose=1))
+                                                 verbose=0))
     return tuner.fit()
 
 
@@ -101,7 +101,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
     started_ray = _init_ray(spec, address)
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
-            "nas.data_dir": str(Path(data.root).resolve())}
+            "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
     parent = tracking.start_run(experiment, sweep_id, role="sweep", tags=tags,
                                 params={"yaml": str(spec_path), "search.method": spec.search.method,
                                         "search.trials": spec.search.trials})
