@@ -17,6 +17,7 @@ from nas import tracking
 
 __all__ = ["MlflowTrialCallback"]
 
+_console = Console(stderr=True, highlight=False)  # module level: the callback itself is pickled by Ray
 _NOT_METRICS = {"step", "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "time_since_restore",
                 "iterations_since_restore", "pid", "done"}
 
@@ -38,7 +39,6 @@ class MlflowTrialCallback(Callback):
         self.tags, self.params = dict(tags), dict(params or {})
         self.run_ids: dict[str, str] = {}
         self.finished = 0
-        self.console = Console(stderr=True, highlight=False)
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:
         name = f"{self.role}-{trial.trial_id}"
@@ -68,7 +68,7 @@ class MlflowTrialCallback(Callback):
         tracking.end_run(run_id, "FAILED" if bad else "FINISHED")
         self.finished += 1
         if self.role == "trial":
-            self.console.print(f"trial {self.finished} done: BLEU {last.get('bleu', float('nan')):.2f} "
+            _console.print(f"trial {self.finished} done: BLEU {last.get('bleu', float('nan')):.2f} "
                                f"chrF {last.get('chrf', float('nan')):.2f} latency {last.get('latency_ms', float('nan')):.1f} ms "
                                f"params {last.get('params_m', float('nan')):.2f} M  {last.get('arch_summary', '')}")
 
@@ -78,4 +78,4 @@ class MlflowTrialCallback(Callback):
             error = getattr(trial, "error_file", None) or "see the Ray trial logs"
             tracking.get_client().set_tag(run_id, "nas.error", str(error)[:4000])
             tracking.end_run(run_id, "FAILED")
-            self.console.print(f"[red]{self.role} {trial.trial_id} failed[/red]: {error}")
+            _console.print(f"[red]{self.role} {trial.trial_id} failed[/red]: {error}")
