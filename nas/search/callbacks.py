@@ -75,7 +75,16 @@ class MlflowTrialCallback(Callback):
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         run_id = self.run_ids.pop(trial.trial_id, None)
         if run_id is not None:
-            error = getattr(trial, "error_file", None) or "see the Ray trial logs"
+            error = _last_error_line(getattr(trial, "error_file", None))
             tracking.get_client().set_tag(run_id, "nas.error", str(error)[:4000])
             tracking.end_run(run_id, "FAILED")
             _console.print(f"[red]{self.role} {trial.trial_id} failed[/red]: {error}")
+
+
+def _last_error_line(error_file: str | None) -> str:
+    """The exception line of a Ray trial's error file (its full traceback stays in the file)."""
+    try:
+        lines = [line for line in open(error_file, encoding="utf-8").read().splitlines() if line.strip()]
+    except (OSError, TypeError):
+        return "see the Ray trial logs"
+    return f"{lines[-1] if lines else ''} ({error_file})"

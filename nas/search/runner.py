@@ -57,7 +57,8 @@ def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:
 def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
     """Tokenize the sweep's corpus (cached by content hash under ``data.cache_dir``)."""
     d = spec.data
-    return prepare_data(d.train.src, d.train.tgt, d.valid.src, d.valid.tgt, d.tokenizer.vocab_size, d.cache_dir,
+    return prepare_data(d.train.src, d.train.tgt, d.valid.src, d.valid.tgt, d.tokenizer.vocab_size,
+                        Path(d.cache_dir).resolve(),  # absolute: Ray trials run in their own folders
                         max_train_pairs=d.max_train_pairs, max_valid_pairs=d.max_valid_pairs, max_len=d.max_len,
                         seed=spec.train.seed, progress=progress)
 
@@ -142,7 +143,7 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     results = _fit(tune.with_parameters(train_trial, ctx=ctx), {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
                    tune.TuneConfig(num_samples=1), f"{sweep_id}-train", run_dir / "ray", callback)
     if results.errors or not metrics_file.is_file():
-        raise RuntimeError(f"supernet training failed: {results.errors}")
+        raise RuntimeError(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
     return json.loads(metrics_file.read_text())
 
 
