@@ -14,16 +14,17 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
 app.add_typer(space_app, name="space")
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 out = Console()
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/bold red] {message}", highlight=False)
+    err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
     raise typer.Exit(code)
 
 

@@ -139,8 +139,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                     loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
                     (loss / batch.ntokens).backward()
                     if i == 0:
-                        window["loss"] += float(loss) / batch.ntokens
-                        window["nll"] += float(nll) / batch.ntokens
+                        window["loss"] += float(loss.detach()) / batch.ntokens
+                        window["nll"] += float(nll.detach()) / batch.ntokens
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
                 optimizer.step()
                 scheduler.step()

@@ -83,6 +83,8 @@ class Arch:
             return cls(encoder=StackArch(**d["encoder"]), decoder=StackArch(**d["decoder"]))
         except KeyError as e:
             raise ValueError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
+        except TypeError as e:
+            raise ValueError(f"arch dict has a bad stack: {e}; each stack needs width, ffn_width, branches") from e
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)

@@ -83,7 +83,7 @@ class SpaceSpec(_Strict):
     ffn_width: Dimension | None = None
     """FFN inner width F_l (channels); default: supernet.ffn_width only."""
     branches: Dimension | None = None
-    """Attention branches N_a (MAT eq. 4); default: 1."""
+    """Attention branches N_a (MAT eq. 4); default: supernet.branches, else 1."""
 
 
 class TrainSpec(_Strict):
@@ -199,7 +199,9 @@ class SweepSpec(_Strict):
 def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
     """Suggest the closest allowed key for an unknown key at ``loc``."""
     for part in loc[:-1]:
-        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        if isinstance(part, int):  # a list index: the model is the list's item type
+            continue
+        field = model.model_fields.get(part)
         ann = getattr(field, "annotation", None) if field else None
         candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
         if not candidates:
@@ -249,6 +251,8 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(f"cannot read sweep file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -1,0 +1,105 @@
+"""End to end through real Ray Tune, Optuna and MLflow on a slice of Multi30k:
+sweep -> MLflow runs -> leaderboard -> export -> translate in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, tiny_spec_dict
+
+pytestmark = pytest.mark.slow
+
+
+def _nas(args: list[str], env: dict, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nas.cli", *args], input=stdin, capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def sweep(multi30k, tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    raw = tiny_spec_dict(multi30k, work, **{
+        "search": {"trials": 2, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
+                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
+        "tracking": {"experiment": "e2e"},
+    })
+    spec_file = work / "tiny.yaml"
+    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
+    proc = _nas(["sweep", str(spec_file)], env, work)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return work, env, raw, proc
+
+
+def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
+    work, env, raw, _ = sweep
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    try:
+        from nas import tracking
+
+        parents = tracking.find_runs("e2e", role="sweep")
+        assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+        parent = parents[0]
+        sweep_id = parent.data.tags["nas.sweep_id"]
+        client = tracking.get_client()
+        assert "tiny.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+        children = tracking.find_runs("e2e", parent_run_id=parent.info.run_id)
+        roles = sorted(r.data.tags["nas.role"] for r in children)
+        assert roles == ["supernet", "trial", "trial"]
+        supernet = next(r for r in children if r.data.tags["nas.role"] == "supernet")
+        assert {"widest_bleu", "train_loss", "tokens_per_s", "lr"} <= set(supernet.data.metrics)
+        for run in (r for r in children if r.data.tags["nas.role"] == "trial"):
+            assert run.info.status == "FINISHED" and run.data.tags["nas.sweep_id"] == sweep_id
+            assert {"bleu", "chrf", "valid_loss", "params_m", "latency_ms"} <= set(run.data.metrics)
+            assert run.data.metrics["latency_ms"] > 0 and 0 < run.data.metrics["params_m"] < 1
+            arch = json.loads(Path(client.download_artifacts(run.info.run_id, "arch.json")).read_text())
+            assert run.data.params["encoder.layers"] == str(len(arch["encoder"]["width"]))
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
+
+
+def test_optuna_study_in_the_journal_holds_the_completed_trials(sweep):
+    import optuna
+
+    work, _, raw, _ = sweep
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(work / "runs" / "tiny" / "optuna.journal")))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert len(study.directions) == 2  # multi-objective: BLEU up, latency down
+    assert all("encoder.layers" in t.params for t in study.trials)
+
+
+def test_leaderboard_ranks_trials_and_writes_files(sweep):
+    work, env, _, _ = sweep
+    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json")], env, work)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads((work / "lb.json").read_text())
+    assert len(rows) == 2 and rows[0]["bleu"] >= rows[1]["bleu"]
+    proc = _nas(["leaderboard", "--experiment", "e2e", "--metric", "latency_ms", "--top", "1"], env, work)
+    assert proc.returncode == 0 and "latency" in proc.stdout
+    proc = _nas(["leaderboard", "--experiment", "no-such-experiment"], env, work)
+    assert proc.returncode == 2 and "no-such-experiment" in proc.stderr
+
+
+def test_export_best_then_translate_in_a_fresh_process(sweep, multi30k):
+    work, env, _, _ = sweep
+    proc = _nas(["export", "--best", "--experiment", "e2e", "--out", str(work / "exported")], env, work)
+    assert proc.returncode == 0, proc.stderr
+    source = "\n".join(__import__("nas.data", fromlist=["read_lines"]).read_lines(
+        multi30k / "test_2016_flickr.en.gz", limit=5)) + "\n"
+    clean_env = {k: v for k, v in env.items() if k != "MLFLOW_TRACKING_URI"}
+    code = ("import sys; from nas.cli import app; app(['translate', sys.argv[1]], standalone_mode=False)\n"
+            "assert not {'ray', 'mlflow', 'nas.search'} & set(sys.modules), 'translate must not load the sweep stack'")
+    proc = subprocess.run([sys.executable, "-c", code, str(work / "exported")], input=source, capture_output=True,
+                          text=True, env=clean_env, cwd=work, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == 5

@@ -1,0 +1,260 @@
+"""Tests for nas.space.space (SearchSpace) and nas.space.arch (Arch, StackArch) on small parsed specs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import optuna
+import pytest
+
+from nas.space.arch import Arch, StackArch
+from nas.space.space import SearchSpace
+from nas.space.spec import parse_spec
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def make_space(space: dict, **supernet) -> tuple[SearchSpace, object]:
+    """A SearchSpace from a spec dict; data paths are never opened by parse_spec."""
+    raw = {
+        "name": "t",
+        "data": {"train": {"src": "a.en", "tgt": "a.de"}, "valid": {"src": "b.en", "tgt": "b.de"}},
+        "supernet": {"model_dim": 32, "heads": 4, "encoder_layers": 3, "decoder_layers": 2, "ffn_width": 64,
+                     "branches": 3, **supernet},
+        "space": space,
+    }
+    spec = parse_spec(raw)
+    return SearchSpace.from_spec(spec), spec
+
+
+# Unsorted value lists on purpose: the space sorts them.
+MIXED = {
+    "encoder_layers": {"values": [3, 1, 2]},
+    "decoder_layers": {"values": [2, 1]},
+    "width": {"values": [32, 8, 16], "per_layer": True},
+    "ffn_width": {"values": [64, 16]},
+    "branches": {"values": [2, 1, 3], "per_layer": True},
+}
+
+SMALL = {
+    "encoder_layers": {"values": [1, 2]},
+    "decoder_layers": {"values": [1, 2]},
+    "width": {"values": [8, 16], "per_layer": True},
+    "ffn_width": {"values": [16, 32]},
+    "branches": {"values": [1, 2], "per_layer": True},
+}
+
+
+def test_widest_takes_the_deepest_stack_and_the_largest_value_of_every_dimension():
+    space, _ = make_space(MIXED)
+    assert space.widest() == Arch(
+        encoder=StackArch(width=(32, 32, 32), ffn_width=(64, 64, 64), branches=(3, 3, 3)),
+        decoder=StackArch(width=(32, 32), ffn_width=(64, 64), branches=(3, 3)),
+    )
+
+
+def test_narrowest_takes_the_shallowest_stack_and_the_smallest_value_of_every_dimension():
+    space, _ = make_space(MIXED)
+    assert space.narrowest() == Arch(
+        encoder=StackArch(width=(8,), ffn_width=(16,), branches=(1,)),
+        decoder=StackArch(width=(8,), ffn_width=(16,), branches=(1,)),
+    )
+
+
+def test_widest_equals_the_supernet_maxima_when_the_space_reaches_them():
+    space, spec = make_space(MIXED)
+    assert space.widest() == space.supernet_maxima(spec)
+
+
+def test_unset_dimensions_default_to_the_supernet_values():
+    space, spec = make_space({}, branches=None)
+    arch = Arch(encoder=StackArch((32,) * 3, (64,) * 3, (1,) * 3), decoder=StackArch((32,) * 2, (64,) * 2, (1,) * 2))
+    assert space.widest() == space.narrowest() == arch
+    assert space.size() == 1
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_random_sample_stays_within_the_supernet_and_the_listed_values(seed):
+    space, spec = make_space(MIXED)
+    arch = space.sample(random.Random(seed))
+    arch.check_within(space.supernet_maxima(spec))
+    assert arch.encoder.layers in {1, 2, 3} and arch.decoder.layers in {1, 2}
+    for stack in (arch.encoder, arch.decoder):
+        assert set(stack.width) <= {8, 16, 32}
+        assert set(stack.ffn_width) <= {16, 64}
+        assert set(stack.branches) <= {1, 2, 3}
+        assert len(set(stack.ffn_width)) == 1, "ffn_width is per stack: one value for every layer"
+
+
+def test_random_sample_is_reproducible_for_a_seed():
+    space, _ = make_space(MIXED)
+    assert space.sample(random.Random(7)) == space.sample(random.Random(7))
+    assert len({space.sample(random.Random(s)) for s in range(20)}) > 1
+
+
+def brute_force_archs(layers, widths, ffns, branches) -> set[Arch]:
+    """Every distinct arch of SMALL: per-layer width and branches, one ffn_width per stack."""
+    stacks = []
+    for n in layers:
+        for w in itertools.product(widths, repeat=n):
+            for f in ffns:
+                for b in itertools.product(branches, repeat=n):
+                    stacks.append(StackArch(w, (f,) * n, b))
+    return {Arch(e, d) for e, d in itertools.product(stacks, stacks)}
+
+
+def test_size_counts_every_distinct_sub_transformer():
+    space, _ = make_space(SMALL)
+    archs = brute_force_archs([1, 2], [8, 16], [16, 32], [1, 2])
+    assert len(archs) == (2 * 2 * 2 + 4 * 2 * 4) ** 2 == 1600
+    assert space.size() == len(archs)
+
+
+def test_every_sample_of_the_small_space_is_one_of_the_enumerated_archs():
+    space, _ = make_space(SMALL)
+    archs = brute_force_archs([1, 2], [8, 16], [16, 32], [1, 2])
+    assert {space.sample(random.Random(s)) for s in range(200)} <= archs
+
+
+def test_size_with_per_stack_choices_counts_one_choice_per_stack():
+    space, _ = make_space({**SMALL, "width": {"values": [8, 16]}})
+    per_stack = (2 * 2 * 2) + (2 * 2 * 4)  # depth 1: w, f, b ; depth 2: w, f, b0*b1
+    assert space.size() == per_stack ** 2
+
+
+def test_describe_lists_each_dimension_with_its_scope():
+    space, _ = make_space(MIXED)
+    assert space.describe() == [
+        ("encoder.layers", "[1, 2, 3]", "per stack"),
+        ("decoder.layers", "[1, 2]", "per stack"),
+        ("width", "[8, 16, 32]", "per layer"),
+        ("ffn_width", "[16, 64]", "per stack"),
+        ("branches", "[1, 2, 3]", "per layer"),
+    ]
+
+
+# ---- Optuna define-by-run --------------------------------------------------------------------------
+
+
+def ask(space: SearchSpace, seed: int = 0, n: int = 1):
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+    out = []
+    for _ in range(n):
+        trial = study.ask()
+        out.append((trial, space.suggest(trial)))
+        study.tell(trial, 0.0)
+    return out
+
+
+def test_suggested_arch_is_rebuilt_from_the_trial_params():
+    space, spec = make_space(MIXED)
+    for trial, arch in ask(space, n=15):
+        assert space.from_params(trial.params) == arch
+        arch.check_within(space.supernet_maxima(spec))
+
+
+def test_per_layer_params_exist_only_for_the_chosen_depth():
+    space, _ = make_space({**SMALL, "encoder_layers": {"values": [1]}, "decoder_layers": {"values": [2]}})
+    (trial, arch), = ask(space)
+    assert arch.encoder.layers == 1 and arch.decoder.layers == 2
+    assert set(trial.params) == {
+        "encoder.layers", "encoder.width.0", "encoder.ffn_width", "encoder.branches.0",
+        "decoder.layers", "decoder.width.0", "decoder.width.1", "decoder.ffn_width",
+        "decoder.branches.0", "decoder.branches.1",
+    }
+    assert "encoder.width.1" not in trial.params
+
+
+def test_per_layer_param_count_follows_the_sampled_depth():
+    space, _ = make_space(MIXED)
+    depths = set()
+    for trial, arch in ask(space, n=20):
+        depths.add(arch.encoder.layers)
+        widths = {k for k in trial.params if k.startswith("encoder.width.")}
+        assert widths == {f"encoder.width.{i}" for i in range(arch.encoder.layers)}
+    assert len(depths) > 1
+
+
+def test_per_stack_dimension_is_a_single_param():
+    space, _ = make_space({**SMALL, "width": {"values": [8, 16], "per_layer": False}})
+    (trial, arch), = ask(space)
+    assert "encoder.width" in trial.params and "decoder.width" in trial.params
+    assert not any(k.startswith("encoder.width.") for k in trial.params)
+    assert arch.encoder.width == (trial.params["encoder.width"],) * arch.encoder.layers
+
+
+def test_from_params_names_a_missing_parameter():
+    space, _ = make_space(SMALL)
+    (trial, _arch), = ask(space)
+    params = dict(trial.params)
+    del params["decoder.ffn_width"]
+    with pytest.raises(KeyError, match=r"decoder\.ffn_width"):
+        space.from_params(params)
+
+
+# ---- Arch ------------------------------------------------------------------------------------------
+
+ARCH = Arch(
+    encoder=StackArch(width=(64, 32), ffn_width=(256, 128), branches=(2, 1)),
+    decoder=StackArch(width=(64,), ffn_width=(128,), branches=(1,)),
+)
+
+
+def test_arch_round_trips_through_dict():
+    d = ARCH.to_dict()
+    assert d == {"encoder": {"width": [64, 32], "ffn_width": [256, 128], "branches": [2, 1]},
+                 "decoder": {"width": [64], "ffn_width": [128], "branches": [1]}}
+    assert Arch.from_dict(d) == ARCH
+
+
+def test_arch_round_trips_through_json():
+    text = ARCH.to_json()
+    assert json.loads(text)["encoder"]["width"] == [64, 32]
+    assert Arch.from_json(text) == ARCH
+
+
+def test_arch_id_is_a_stable_hash_that_differs_between_archs():
+    same = Arch.from_json(ARCH.to_json())
+    other = Arch(encoder=ARCH.encoder, decoder=StackArch(width=(32,), ffn_width=(128,)))
+    assert len(ARCH.arch_id) == 12 and int(ARCH.arch_id, 16) >= 0
+    assert same.arch_id == ARCH.arch_id
+    assert other.arch_id != ARCH.arch_id
+
+
+def test_stack_arch_defaults_to_one_branch_per_layer():
+    assert StackArch(width=(8, 8), ffn_width=(16, 16)).branches == (1, 1)
+
+
+def test_arch_summary_shows_width_ffn_and_branches_per_layer():
+    assert ARCH.summary() == "enc[64/256x2 32/128] dec[64/128]"
+
+
+def test_check_within_names_the_first_choice_above_the_supernet():
+    maxima = Arch(encoder=StackArch((64, 64), (256, 256), (2, 2)), decoder=StackArch((64, 64), (128, 32), (1, 1)))
+    too_wide = Arch(encoder=StackArch((64,), (256,)), decoder=StackArch((64, 64), (128, 64)))
+    with pytest.raises(ValueError, match=r"arch\.decoder\.ffn_width\[1\]=64 exceeds the supernet's 32"):
+        too_wide.check_within(maxima)
+
+
+def test_check_within_rejects_more_layers_than_the_supernet():
+    maxima = Arch(encoder=StackArch((64,), (256,)), decoder=StackArch((64,), (256,)))
+    with pytest.raises(ValueError, match=r"arch\.encoder has 2 layers; the supernet has 1"):
+        ARCH.check_within(maxima)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"width": (8, 8), "ffn_width": (16,)},
+    {"width": (8,), "ffn_width": (16,), "branches": (1, 2)},
+], ids=["ffn_width", "branches"])
+def test_stack_arch_with_mismatched_lengths_raises(kwargs):
+    with pytest.raises(ValueError, match="StackArch tuples differ in length"):
+        StackArch(**kwargs)
+
+
+def test_stack_arch_rejects_zero_layers_and_non_positive_values():
+    with pytest.raises(ValueError, match="at least one layer"):
+        StackArch(width=(), ffn_width=())
+    with pytest.raises(ValueError, match=r"ffn_width\[1\]=0 must be >= 1"):
+        StackArch(width=(8, 8), ffn_width=(16, 0))

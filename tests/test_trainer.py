@@ -1,0 +1,75 @@
+"""The supernet trainer: learning, exact resume from a checkpoint, the warm-up schedule."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from nas.data import PreparedData
+from nas.model.io import load_model
+from nas.search.runner import prepare_sweep_data
+from nas.space.spec import parse_spec
+from tests.conftest import tiny_spec_dict
+from trainers import inverse_sqrt_lr, train_supernet
+
+
+@pytest.fixture(scope="module")
+def prepared(multi30k, tmp_path_factory) -> tuple[dict, PreparedData]:
+    work = tmp_path_factory.mktemp("trainer")
+    raw = tiny_spec_dict(multi30k, work)
+    return raw, prepare_sweep_data(parse_spec(raw), progress=False)
+
+
+def _spec(raw, **train):
+    return parse_spec({**raw, "train": {**raw["train"], **train}})
+
+
+def test_inverse_sqrt_schedule_warms_up_then_decays():
+    f = inverse_sqrt_lr(100)
+    assert f(50) == pytest.approx(0.5)
+    assert f(100) == pytest.approx(1.0)
+    assert f(400) == pytest.approx(0.5)
+
+
+def test_training_lowers_the_loss_and_writes_a_loadable_supernet(prepared, tmp_path):
+    raw, data = prepared
+    reports = []
+    result = train_supernet(_spec(raw, steps=30, log_every=5, lr=3e-3), data, tmp_path, report=reports.append,
+                            progress=False)
+    losses = [r["train_loss"] for r in reports if "train_loss" in r]
+    assert losses[-1] < losses[0] - 0.5
+    assert {"widest_bleu", "widest_chrf", "widest_valid_loss"} <= set(result.metrics)
+    assert json.loads((tmp_path / "metrics.json").read_text()) == result.metrics
+    model = load_model(tmp_path, "supernet")
+    assert model.max_arch.encoder.layers == 2 and model.max_arch.encoder.branches == (2, 2)
+    assert all(math.isfinite(v) for r in reports for v in r.values())
+
+
+def test_resume_from_checkpoint_matches_an_uninterrupted_run(prepared, tmp_path):
+    raw, data = prepared
+    straight = train_supernet(_spec(raw, steps=8), data, tmp_path / "a", progress=False)
+    train_supernet(_spec(raw, steps=4), data, tmp_path / "b", progress=False)  # "killed" after step 4
+    resumed = train_supernet(_spec(raw, steps=8), data, tmp_path / "b", progress=False)
+    assert straight.steps == resumed.steps == 8
+    a, b = load_model(tmp_path / "a", "supernet"), load_model(tmp_path / "b", "supernet")
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(pa, pb, atol=1e-6), name
+
+
+def test_a_finished_run_is_not_trained_again(prepared, tmp_path):
+    raw, data = prepared
+    first = train_supernet(_spec(raw, steps=4), data, tmp_path, progress=False)
+    mtime = (tmp_path / "supernet.safetensors").stat().st_mtime_ns
+    again = train_supernet(_spec(raw, steps=4), data, tmp_path, progress=False)
+    assert again.metrics == first.metrics
+    assert (tmp_path / "supernet.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_checkpoint_file_is_replaced_atomically(prepared, tmp_path):
+    raw, data = prepared
+    train_supernet(_spec(raw, steps=4, checkpoint_every=2), data, tmp_path, progress=False)
+    assert (tmp_path / "checkpoint.pt").is_file()
+    assert not list(tmp_path.glob(".*.tmp"))
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert ckpt["state"]["step"] == 4
