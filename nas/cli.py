@@ -7,6 +7,7 @@ exits with code 2, before anything starts.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
 app.add_typer(space_app, name="space")
 err = Console(stderr=True, soft_wrap=True)
-out = Console()
+out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when piped to a file or CI log
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -128,6 +129,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's).")) -> None:
     """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from nas import tracking
     from nas.export import export_arch
     from nas.space.arch import Arch
