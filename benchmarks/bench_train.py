@@ -25,6 +25,7 @@ from torch import nn
 
 from nas.data import TokenBatcher
 from nas.model.layers import sinusoidal_positions
+from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
 from nas.search.runner import prepare_sweep_data
 from nas.search.trials import score_arch
@@ -118,6 +119,12 @@ def main() -> None:
     ratio = statistics.median(times["supernet, nn.Transformer's dims"]) / statistics.median(times["nn.Transformer"])
     print(f"supernet / nn.Transformer time ratio at the same dimensions (1 branch): {ratio:.3f} (goal <= 1.15)")
 
+    trained = spec.run_dir / "supernet"
+    if (trained / "supernet.safetensors").is_file():  # realistic output lengths need trained weights
+        supernet = load_model(trained, "supernet")
+        print(f"evaluating with the trained supernet in {trained}")
+    else:
+        print("evaluating with untrained weights (run `nas sweep` first for realistic decoding lengths)")
     supernet.eval()
     torch.set_num_threads(max(1, int(spec.search.cpu_per_trial)))
     small = spec.model_copy(update={"search": spec.search.model_copy(update={"valid_sentences": args.valid})})
