@@ -132,6 +132,7 @@ def test_describe_lists_each_dimension_with_its_scope():
         ("width", "[8, 16, 32]", "per layer"),
         ("ffn_width", "[16, 64]", "per stack"),
         ("branches", "[1, 2, 3]", "per layer"),
+        ("paths", "[1]", "per stack"),
     ]
 
 
@@ -159,9 +160,9 @@ def test_per_layer_params_exist_only_for_the_chosen_depth():
     space, _ = make_space({**SMALL, "encoder_layers": {"values": [1]}, "decoder_layers": {"values": [2]}})
     (trial, arch), = ask(space)
     assert arch.encoder.layers == 1 and arch.decoder.layers == 2
-    assert set(trial.params) == {
-        "encoder.layers", "encoder.width.0", "encoder.ffn_width", "encoder.branches.0",
-        "decoder.layers", "decoder.width.0", "decoder.width.1", "decoder.ffn_width",
+    assert set(trial.params) == {  # single-value choices (the depths here) are constants, not params
+        "encoder.width.0", "encoder.ffn_width", "encoder.branches.0",
+        "decoder.width.0", "decoder.width.1", "decoder.ffn_width",
         "decoder.branches.0", "decoder.branches.1",
     }
     assert "encoder.width.1" not in trial.params
@@ -204,8 +205,8 @@ ARCH = Arch(
 
 def test_arch_round_trips_through_dict():
     d = ARCH.to_dict()
-    assert d == {"encoder": {"width": [64, 32], "ffn_width": [256, 128], "branches": [2, 1]},
-                 "decoder": {"width": [64], "ffn_width": [128], "branches": [1]}}
+    assert d == {"encoder": {"width": [64, 32], "ffn_width": [256, 128], "branches": [2, 1], "paths": [1, 1]},
+                 "decoder": {"width": [64], "ffn_width": [128], "branches": [1], "paths": [1]}}
     assert Arch.from_dict(d) == ARCH
 
 

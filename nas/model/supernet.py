@@ -17,15 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
-from nas.space.arch import Arch, StackArch
+from nas.space.arch import Arch
 
 __all__ = ["SuperTransformer", "extract", "count_params"]
 
 LayerCache = dict[str, dict[str, torch.Tensor]]
-
-
-def _dims(stack: StackArch) -> list[tuple[int, int, int]]:
-    return list(zip(stack.width, stack.ffn_width, stack.branches))
 
 
 class SuperTransformer(nn.Module):
@@ -60,8 +56,10 @@ class SuperTransformer(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
         self.dropout = nn.Dropout(dropout)
         kw = dict(dropout=dropout, attention_dropout=attention_dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, w, f, b, **kw) for w, f, b in _dims(max_arch.encoder))
-        self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, w, f, b, **kw) for w, f, b in _dims(max_arch.decoder))
+        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
+                                     for w, f, b, p in max_arch.encoder.layer_dims())
+        self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
+                                     for w, f, b, p in max_arch.decoder.layer_dims())
         self.encoder_norm = nn.LayerNorm(model_dim)
         self.decoder_norm = nn.LayerNorm(model_dim)
 
@@ -101,7 +99,7 @@ class SuperTransformer(nn.Module):
         arch = self._check(arch)
         src_pad = src.eq(self.pad_id)
         x = self._embed(src)
-        for layer, dims in zip(self.encoder, _dims(arch.encoder)):
+        for layer, dims in zip(self.encoder, arch.encoder.layer_dims()):
             x = layer(x, dims, src_pad, self.drop_branch)
         return self.encoder_norm(x), src_pad
 
@@ -110,7 +108,7 @@ class SuperTransformer(nn.Module):
         """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``."""
         arch = self._check(arch)
         x = self._embed(tgt_in)
-        for layer, dims in zip(self.decoder, _dims(arch.decoder)):
+        for layer, dims in zip(self.decoder, arch.decoder.layer_dims()):
             x = layer(x, memory, dims, src_pad, self.drop_branch)
         return F.linear(self.decoder_norm(x), self.embed.weight)
 
@@ -135,7 +133,7 @@ class SuperTransformer(nn.Module):
         """
         arch = self._check(arch)
         x = self._embed(tokens, offset=step)
-        for layer, dims, c in zip(self.decoder, _dims(arch.decoder), cache):
+        for layer, dims, c in zip(self.decoder, arch.decoder.layer_dims(), cache):
             x = layer(x, memory, dims, src_pad, 0.0, cache=c)
         return F.linear(self.decoder_norm(x[:, -1]), self.embed.weight)
 
@@ -147,8 +145,8 @@ class SuperTransformer(nn.Module):
         sentence) only when finished sentences leave the batch."""
         for layer in cache:
             tensors = layer.get(part, {})
-            for key in tensors:
-                tensors[key] = tensors[key].index_select(0, index)
+            for key in tensors:  # [P, n, heads, t, d_h]: the batch is dim 1
+                tensors[key] = tensors[key].index_select(1, index)
 
 
 def count_params(model: nn.Module) -> int:

@@ -13,7 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-__all__ = ["Arch", "StackArch"]
+__all__ = ["Arch", "StackArch", "DIMENSIONS"]
+
+DIMENSIONS = ("width", "ffn_width", "branches", "paths")
+"""The per-layer choices of a stack, in StackArch field order."""
 
 
 @dataclass(frozen=True)
@@ -26,20 +29,20 @@ class StackArch:
     """Inner FFN width F_l per layer (channels)."""
     branches: tuple[int, ...] = field(default=())
     """Attention branches N_a per layer (MAT eq. 4); empty means one branch in every layer."""
+    paths: tuple[int, ...] = field(default=())
+    """Parallel paths per sublayer, per layer (Multi-Path eq. 4); empty means one path in every layer."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "width", tuple(int(w) for w in self.width))
         object.__setattr__(self, "ffn_width", tuple(int(f) for f in self.ffn_width))
-        branches = tuple(int(b) for b in self.branches) or (1,) * len(self.width)
-        object.__setattr__(self, "branches", branches)
-        if not (len(self.width) == len(self.ffn_width) == len(self.branches)):
-            raise ValueError(
-                f"StackArch tuples differ in length: width={len(self.width)}, "
-                f"ffn_width={len(self.ffn_width)}, branches={len(self.branches)}; give one value per layer"
-            )
+        for name in ("branches", "paths"):
+            object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)) or (1,) * len(self.width))
+        lengths = {name: len(getattr(self, name)) for name in DIMENSIONS}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
         if not self.width:
             raise ValueError("StackArch needs at least one layer")
-        for name in ("width", "ffn_width", "branches"):
+        for name in DIMENSIONS:
             for i, v in enumerate(getattr(self, name)):
                 if v < 1:
                     raise ValueError(f"{name}[{i}]={v} must be >= 1")
@@ -50,13 +53,17 @@ class StackArch:
         return len(self.width)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"width": list(self.width), "ffn_width": list(self.ffn_width), "branches": list(self.branches)}
+        return {name: list(getattr(self, name)) for name in DIMENSIONS}
+
+    def layer_dims(self) -> list[tuple[int, int, int, int]]:
+        """``(width, ffn_width, branches, paths)`` per layer."""
+        return list(zip(self.width, self.ffn_width, self.branches, self.paths))
 
     def summary(self) -> str:
-        """One readable token per layer: ``width/ffn_width/branches`` (branches shown when > 1)."""
+        """One readable token per layer: ``width/ffn_width``, then ``xN`` for N branches and ``pN`` for N paths."""
         cells = []
-        for w, f, b in zip(self.width, self.ffn_width, self.branches):
-            cells.append(f"{w}/{f}" + (f"x{b}" if b > 1 else ""))
+        for w, f, b, p in self.layer_dims():
+            cells.append(f"{w}/{f}" + (f"x{b}" if b > 1 else "") + (f"p{p}" if p > 1 else ""))
         return " ".join(cells)
 
 
@@ -84,7 +91,8 @@ class Arch:
         except KeyError as e:
             raise ValueError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
         except TypeError as e:
-            raise ValueError(f"arch dict has a bad stack: {e}; each stack needs width, ffn_width, branches") from e
+            raise ValueError(f"arch dict has a bad stack: {e}; each stack needs width and ffn_width "
+                             f"(branches and paths are optional)") from e
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -99,7 +107,7 @@ class Arch:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
 
     def summary(self) -> str:
-        """Readable one-liner, e.g. ``enc[128/512x2 64/256] dec[128/512]``."""
+        """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]``."""
         return f"enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
 
     def check_within(self, maxima: "Arch") -> None:
@@ -111,7 +119,7 @@ class Arch:
             sub, sup = getattr(self, stack), getattr(maxima, stack)
             if sub.layers > sup.layers:
                 raise ValueError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
-            for name in ("width", "ffn_width", "branches"):
+            for name in DIMENSIONS:
                 for i, (v, vmax) in enumerate(zip(getattr(sub, name), getattr(sup, name))):
                     if v > vmax:
                         raise ValueError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from nas.space.arch import Arch, StackArch
+from nas.space.arch import DIMENSIONS, Arch, StackArch
 from nas.space.spec import Dimension, SweepSpec
 
 if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
 
 __all__ = ["SearchSpace"]
 
-_LAYER_DIMS = ("width", "ffn_width", "branches")
+_LAYER_DIMS = DIMENSIONS
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class SearchSpace:
             "width": Dimension(values=[sn.model_dim]),
             "ffn_width": Dimension(values=[sn.ffn_width or max(sp.ffn_width.values)]),
             "branches": Dimension(values=[sn.branches or 1]),
+            "paths": Dimension(values=[sn.paths or 1]),
         }
         dims = {n: getattr(sp, n) or defaults[n] for n in _LAYER_DIMS}
         layers = {
@@ -49,14 +50,17 @@ class SearchSpace:
                    per_layer={n: d.per_layer for n, d in dims.items()})
 
     def supernet_maxima(self, spec: SweepSpec) -> Arch:
-        """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN, most branches."""
+        """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN, most branches and paths."""
         sn = spec.supernet
         ffn = sn.ffn_width or max(self.dims["ffn_width"])
         branches = sn.branches or max(self.dims["branches"])
-        stack = lambda n: StackArch((sn.model_dim,) * n, (ffn,) * n, (branches,) * n)
+        paths = sn.paths or max(self.dims["paths"])
+        stack = lambda n: StackArch((sn.model_dim,) * n, (ffn,) * n, (branches,) * n, (paths,) * n)
         return Arch(stack(sn.encoder_layers), stack(sn.decoder_layers))
 
-    def _uniform(self, pick) -> Arch:
+    def _uniform(self, choose) -> Arch:
+        """Build an arch by calling ``choose(param_name, values)``; single-value choices are constants."""
+        pick = lambda name, values: values[0] if len(values) == 1 else choose(name, values)
         stacks = {}
         for stack in ("encoder", "decoder"):
             n = pick(f"{stack}.layers", self.layers[stack])
@@ -70,7 +74,7 @@ class SearchSpace:
         return Arch(**stacks)
 
     def widest(self) -> Arch:
-        """The largest sub-Transformer of the space (deepest, widest, most branches)."""
+        """The largest sub-Transformer of the space (deepest, widest, most branches and paths)."""
         return self._uniform(lambda _name, values: values[-1])
 
     def narrowest(self) -> Arch:

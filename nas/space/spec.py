@@ -61,6 +61,8 @@ class SupernetSpec(_Strict):
     """Widest FFN inner width (channels); default: the largest value in ``space.ffn_width``."""
     branches: int | None = Field(None, ge=1)
     """Most attention branches N_a (MAT); default: the largest value in ``space.branches``."""
+    paths: int | None = Field(None, ge=1)
+    """Most parallel paths per sublayer (Multi-Path); default: the largest value in ``space.paths``."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
@@ -84,6 +86,8 @@ class SpaceSpec(_Strict):
     """FFN inner width F_l (channels); default: supernet.ffn_width only."""
     branches: Dimension | None = None
     """Attention branches N_a (MAT eq. 4); default: supernet.branches, else 1."""
+    paths: Dimension | None = None
+    """Parallel paths per sublayer (Multi-Path eq. 4); default: supernet.paths, else 1."""
 
 
 class TrainSpec(_Strict):
@@ -174,6 +178,7 @@ class SweepSpec(_Strict):
             "width": ("supernet.model_dim", sn.model_dim),
             "ffn_width": ("supernet.ffn_width", sn.ffn_width),
             "branches": ("supernet.branches", sn.branches),
+            "paths": ("supernet.paths", sn.paths),
         }
         for key, (limit_key, limit) in limits.items():
             dim = getattr(sp, key)

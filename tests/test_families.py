@@ -1,0 +1,114 @@
+"""Each family against a direct, loop-based transcription of its paper's equations (small seeded tensors)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nas.model.layers import EncoderLayer
+
+C, H = 16, 2
+
+
+def _attention(x, w_in, b_in, w_out, b_out, heads, key_pad=None):
+    """Plain multi-head attention, one head at a time (Vaswani et al. eq. 1-2)."""
+    q, k, v = (x @ w_in[j].T + b_in[j] for j in range(3))  # [b, t, D]
+    dh = q.size(-1) // heads
+    outs = []
+    for h in range(heads):
+        sl = slice(h * dh, (h + 1) * dh)
+        scores = q[..., sl] @ k[..., sl].transpose(-1, -2) / math.sqrt(dh)  # [b, t, s]
+        if key_pad is not None:
+            scores = scores.masked_fill(key_pad[:, None, :], float("-inf"))
+        outs.append(torch.softmax(scores, -1) @ v[..., sl])
+    return torch.cat(outs, -1) @ w_out.T + b_out
+
+
+def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
+    """MAT eq. 6-7 inside Multi-Path eq. 4-6, transcribed with loops over paths and branches."""
+    width, ffn, nb, n_paths = dims
+    a, f = layer.attn, layer.ffn
+
+    def fuse(fusion, x, ys):
+        if n_paths == 1:
+            return x + ys[0]
+        normed = [fusion.alpha[p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[p], fusion.pathnorm_bias[p])
+                  for p, y in enumerate(ys)]
+        return fusion.beta * x + sum(normed)
+
+    ys = []
+    for p in range(n_paths):
+        h = F.layer_norm(x, (C,), layer.attn_paths.ln_weight[p], layer.attn_paths.ln_bias[p])
+        total = 0
+        for i in range(nb):
+            beta_i = 1.0 if keep is None else keep[p, :, i][:, None, None]  # MAT eq. 5
+            total = total + beta_i * _attention(h, a.w_in[p, i, :, :width], a.b_in[p, i, :, :width],
+                                                a.w_out[p, i, :, :width], a.b_out[p, i], H, key_pad)
+        ys.append(total / nb)  # MAT eq. 4/6
+    x = fuse(layer.attn_paths, x, ys)
+    ys = []
+    for p in range(n_paths):
+        h = F.layer_norm(x, (C,), layer.ffn_paths.ln_weight[p], layer.ffn_paths.ln_bias[p])
+        y = F.relu(h @ f.w1[p, :ffn].T + f.b1[p, :ffn]) @ f.w2[p, :, :ffn].T + f.b2[p]
+        ys.append(y)
+    if n_paths == 1:
+        return x + (ys[0] if keep is None else keep[0, :, nb][:, None, None] * ys[0])  # MAT eq. 7
+    fusion = layer.ffn_paths
+    normed = [fusion.alpha[p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[p], fusion.pathnorm_bias[p])
+              for p, y in enumerate(ys)]
+    if keep is not None:
+        normed = [keep[p, :, nb][:, None, None] * y for p, y in enumerate(normed)]
+    return fusion.beta * x + sum(normed)
+
+
+def _layer(max_paths=3, max_branches=3, seed=0):
+    torch.manual_seed(seed)
+    layer = EncoderLayer(C, H, max_width=C, max_ffn_width=24, max_branches=max_branches, dropout=0.0,
+                         max_paths=max_paths)
+    with torch.no_grad():  # non-trivial norms and fusion weights
+        for p in layer.parameters():
+            if p.dim() <= 2 and p.numel() < 200:
+                p.add_(0.1 * torch.randn_like(p))
+    return layer
+
+
+@pytest.mark.parametrize("dims", [(16, 24, 1, 1), (8, 12, 2, 1), (16, 12, 3, 2), (8, 24, 2, 3)])
+def test_encoder_layer_matches_loop_transcription_in_eval_mode(dims):
+    layer = _layer().eval()
+    x = torch.randn(2, 5, C)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, -2:] = True
+    with torch.no_grad():
+        got = layer(x, dims, pad)
+        ref = _reference_encoder_layer(layer, x, dims, key_pad=pad)
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("dims", [(16, 24, 3, 1), (8, 12, 2, 3)])
+def test_encoder_layer_matches_loop_transcription_in_training_with_fixed_drop_branch(dims):
+    layer = _layer().train()
+    x = torch.randn(4, 5, C)
+    rho = 0.4
+    torch.manual_seed(7)
+    got = layer(x, dims, None, drop_branch=rho)
+    torch.manual_seed(7)
+    keep = (torch.rand(dims[3], 4, dims[2] + 1) >= rho).float() / (1 - rho)  # [P, b, B + FFN]
+    assert (keep == 0).any(), "the seed must drop something for the test to mean anything"
+    ref = _reference_encoder_layer(layer, x, dims, keep)
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_path_weights_start_at_paper_values():
+    layer = _layer(max_paths=4)
+    assert torch.allclose(EncoderLayer(C, H, C, 24, 1, max_paths=4).attn_paths.alpha, torch.full((4,), 1 / math.sqrt(8)))
+    assert EncoderLayer(C, H, C, 24, 1, max_paths=4).ffn_paths.beta.item() == 1.0
+    assert not hasattr(EncoderLayer(C, H, C, 24, 1, max_paths=1).attn_paths, "alpha")  # one path: plain residual
+    assert layer.attn_paths.ln_weight.shape == (4, C)
+
+
+def test_evaluation_is_deterministic_with_drop_branch_set():
+    layer = _layer().eval()
+    x = torch.randn(2, 4, C)
+    with torch.no_grad():
+        assert torch.equal(layer(x, (8, 12, 3, 3), None, drop_branch=0.5), layer(x, (8, 12, 3, 3), None, drop_branch=0.5))
