@@ -181,8 +181,9 @@ def space_show(file: Path) -> None:
     spec = _load(file, check_files=False)
     from rich.table import Table
 
-    from nas.model.supernet import SuperTransformer, count_params, extract
+    from nas.model.supernet import count_params, extract
     from nas.space.space import SearchSpace, format_count
+    from trainers import build_supernet
 
     space = SearchSpace.from_spec(spec)
     table = Table(title=f"{spec.name}: search space")
@@ -191,9 +192,7 @@ def space_show(file: Path) -> None:
     for row in space.describe():
         table.add_row(*row)
     out.print(table)
-    sn = spec.supernet
-    supernet = SuperTransformer(spec.data.tokenizer.vocab_size, sn.model_dim, sn.heads, space.supernet_maxima(spec),
-                                max_positions=sn.max_positions)
+    supernet = build_supernet(spec, spec.data.tokenizer.vocab_size)
     out.print(f"sub-Transformers: {format_count(space.size())}")
     for label, model in (("supernet", supernet), ("largest sub-net", extract(supernet, space.widest())),
                          ("smallest sub-net", extract(supernet, space.narrowest()))):

@@ -112,3 +112,35 @@ def test_evaluation_is_deterministic_with_drop_branch_set():
     x = torch.randn(2, 4, C)
     with torch.no_grad():
         assert torch.equal(layer(x, (8, 12, 3, 3), None, drop_branch=0.5), layer(x, (8, 12, 3, 3), None, drop_branch=0.5))
+
+
+@pytest.mark.parametrize("n_paths", [3, 4])
+def test_more_features_add_the_averages_of_n_minus_1_paths(n_paths):
+    """Multi-Path sec. 3.2, eq. 7: n new features AVG(paths without i), each with its own PathNorm and weight."""
+    from nas.model.layers import PathFusion
+
+    torch.manual_seed(n_paths)
+    fusion = PathFusion(C, max_paths=4, more_features=True)
+    with torch.no_grad():
+        for p in fusion.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x, ys = torch.randn(2, 3, C), torch.randn(n_paths, 2, 3, C)
+    expected = fusion.beta * x
+    for i in range(n_paths):
+        expected = expected + fusion.alpha[i] * F.layer_norm(ys[i], (C,), fusion.pathnorm_weight[i], fusion.pathnorm_bias[i])
+        others = [ys[k] for k in range(n_paths) if k != i]
+        new = sum(others) / len(others)
+        expected = expected + fusion.new_alpha[i] * F.layer_norm(new, (C,), fusion.new_pathnorm_weight[i],
+                                                                  fusion.new_pathnorm_bias[i])
+    with torch.no_grad():
+        assert (fusion.fuse(x, ys) - expected).abs().max().item() <= 1e-5
+
+
+def test_two_paths_generate_no_new_features():
+    from nas.model.layers import PathFusion
+
+    fusion = PathFusion(C, max_paths=4, more_features=True)
+    plain = PathFusion(C, max_paths=4, more_features=False)
+    plain.load_state_dict({k: v for k, v in fusion.state_dict().items() if not k.startswith("new_")})
+    x, ys = torch.randn(2, 3, C), torch.randn(2, 2, 3, C)
+    assert torch.equal(fusion.fuse(x, ys), plain.fuse(x, ys))

@@ -106,8 +106,8 @@ def test_multi_branch_equals_average_of_single_branch_attentions():
 @pytest.mark.parametrize("seed", range(8))
 def test_extract_equals_supernet_for_random_archs(seed):
     torch.manual_seed(seed)
-    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=3)
-    model = SuperTransformer(V, C, H, maxima).eval()
+    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4)
+    model = SuperTransformer(V, C, H, maxima, more_features=seed % 2 == 0).eval()
     arch = _random_arch(maxima, torch.Generator().manual_seed(seed))
     sub = extract(model, arch)
     src, tgt = _batch(seed)

@@ -55,7 +55,7 @@ def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
     maxima = SearchSpace.from_spec(spec).supernet_maxima(spec)
     return SuperTransformer(vocab_size, sn.model_dim, sn.heads, maxima, dropout=sn.dropout,
                             attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
-                            max_positions=sn.max_positions)
+                            max_positions=sn.max_positions, more_features=sn.more_features)
 
 
 def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:

@@ -203,15 +203,17 @@ class ElasticFFN(nn.Module):
 
 
 class PathFusion(nn.Module):
-    """The pre-norm wrapper of one sublayer with ``P`` paths (Multi-Path Transformer eq. 4-6).
+    """The pre-norm wrapper of one sublayer with ``P`` paths (Multi-Path Transformer eq. 4-7).
 
     ``paths_in(x)`` gives each path its own layer norm ``LN_i(x)`` as ``[P, b, t, C]``;
     ``fuse(x, ys)`` returns ``beta * x + sum_i alpha_i * PathNorm_i(ys_i)``, with alpha
-    initialised to ``1/sqrt(2 n)`` (n = the most paths) and beta to 1 (sec. 3.3). With one path
-    there is no PathNorm and no weighting: ``x + ys_0``, the plain pre-norm residual.
+    initialised to ``1/sqrt(2 n)`` (n = the most paths) and beta to 1 (sec. 3.3). With
+    ``more_features`` and ``P >= 3``, the ``P`` averages of ``P - 1`` paths (eq. 7, sec. 3.2)
+    are added too, each with its own PathNorm and weight. With one path there is no PathNorm
+    and no weighting: ``x + ys_0``, the plain pre-norm residual.
     """
 
-    def __init__(self, model_dim: int, max_paths: int = 1) -> None:
+    def __init__(self, model_dim: int, max_paths: int = 1, more_features: bool = False) -> None:
         super().__init__()
         self.model_dim = model_dim
         self.ln_weight = nn.Parameter(torch.ones(max_paths, model_dim))
@@ -221,6 +223,11 @@ class PathFusion(nn.Module):
             self.pathnorm_bias = nn.Parameter(torch.zeros(max_paths, model_dim))
             self.alpha = nn.Parameter(torch.full((max_paths,), 1.0 / math.sqrt(2 * max_paths)))
             self.beta = nn.Parameter(torch.ones(()))
+        self.more_features = more_features and max_paths >= 3
+        if self.more_features:  # the new features' own PathNorms and weights (sec. 3.2)
+            self.new_pathnorm_weight = nn.Parameter(torch.ones(max_paths, model_dim))
+            self.new_pathnorm_bias = nn.Parameter(torch.zeros(max_paths, model_dim))
+            self.new_alpha = nn.Parameter(torch.full((max_paths,), 1.0 / math.sqrt(2 * max_paths)))
 
     def paths_in(self, x: torch.Tensor, n_paths: int) -> torch.Tensor:
         """``x [b, t, C]`` -> ``[P, b, t, C]``: ``LN_i(x)`` for the first ``n_paths`` paths (eq. 5)."""
@@ -232,14 +239,21 @@ class PathFusion(nn.Module):
     def fuse(self, x: torch.Tensor, ys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """``x [b, t, C]``, path outputs ``ys [P, b, t, C]``, optional drop mask ``keep [P, b]`` -> ``[b, t, C]``."""
         n_paths = ys.size(0)
-        if n_paths > 1:
-            ys = F.layer_norm(ys, (self.model_dim,)) * self.pathnorm_weight[:n_paths, None, None] \
-                + self.pathnorm_bias[:n_paths, None, None]
-            ys = ys * self.alpha[:n_paths, None, None, None]
+        if n_paths == 1:
+            return x + (ys[0] if keep is None else ys[0] * keep[0, :, None, None].to(ys.dtype))
+        weight, bias, alpha = self.pathnorm_weight[:n_paths], self.pathnorm_bias[:n_paths], self.alpha[:n_paths]
+        if self.more_features and n_paths >= 3:
+            new = (ys.sum(0, keepdim=True) - ys) / (n_paths - 1)  # AVG over the other n-1 paths (eq. 7)
+            ys = torch.cat([ys, new])  # [2P, b, t, C]: raw features, then new features
+            weight = torch.cat([weight, self.new_pathnorm_weight[:n_paths]])
+            bias = torch.cat([bias, self.new_pathnorm_bias[:n_paths]])
+            alpha = torch.cat([alpha, self.new_alpha[:n_paths]])
+            keep = None if keep is None else keep.repeat(2, 1)
+        ys = F.layer_norm(ys, (self.model_dim,)) * weight[:, None, None] + bias[:, None, None]  # PathNorm
+        ys = ys * alpha[:, None, None, None]
         if keep is not None:
             ys = ys * keep[:, :, None, None].to(ys.dtype)
-        total = ys[0] if n_paths == 1 else ys.sum(0)
-        return x + total if n_paths == 1 else self.beta * x + total
+        return self.beta * x + ys.sum(0)
 
 
 def _cut(scale: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
@@ -256,11 +270,12 @@ class EncoderLayer(nn.Module):
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
-                 dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1) -> None:
+                 dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
+                 more_features: bool = False) -> None:
         super().__init__()
-        self.attn_paths = PathFusion(model_dim, max_paths)
+        self.attn_paths = PathFusion(model_dim, max_paths, more_features)
         self.attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.ffn_paths = PathFusion(model_dim, max_paths)
+        self.ffn_paths = PathFusion(model_dim, max_paths, more_features)
         self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
         self.dropout = nn.Dropout(dropout)
 
@@ -287,13 +302,14 @@ class DecoderLayer(nn.Module):
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
-                 dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1) -> None:
+                 dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
+                 more_features: bool = False) -> None:
         super().__init__()
-        self.self_paths = PathFusion(model_dim, max_paths)
+        self.self_paths = PathFusion(model_dim, max_paths, more_features)
         self.self_attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.cross_paths = PathFusion(model_dim, max_paths)
+        self.cross_paths = PathFusion(model_dim, max_paths, more_features)
         self.cross_attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.ffn_paths = PathFusion(model_dim, max_paths)
+        self.ffn_paths = PathFusion(model_dim, max_paths, more_features)
         self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
         self.dropout = nn.Dropout(dropout)
 

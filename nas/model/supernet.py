@@ -36,7 +36,8 @@ class SuperTransformer(nn.Module):
         attention_dropout: dropout on attention probabilities in training.
         drop_branch: MAT drop-branch rate rho (eq. 5-7), training only.
         max_positions: longest sequence (tokens) the position table covers.
-        pad_id: padding token id (its embedding row stays zero-gradient-free; only masked).
+        pad_id: padding token id (its embedding row starts at zero).
+        more_features: Multi-Path "more features" (sec. 3.2, eq. 7) in sublayers with 3+ paths.
 
     Raises:
         ValueError: a width not divisible by ``heads``.
@@ -44,18 +45,18 @@ class SuperTransformer(nn.Module):
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
-                 pad_id: int = 0) -> None:
+                 pad_id: int = 0, more_features: bool = False) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
-        self.max_positions, self.pad_id = max_positions, pad_id
+        self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
         with torch.no_grad():
             self.embed.weight[pad_id].zero_()
         self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
         self.dropout = nn.Dropout(dropout)
-        kw = dict(dropout=dropout, attention_dropout=attention_dropout)
+        kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features)
         self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
                                      for w, f, b, p in max_arch.encoder.layer_dims())
         self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
@@ -68,7 +69,7 @@ class SuperTransformer(nn.Module):
         return dict(vocab_size=self.vocab_size, model_dim=self.model_dim, heads=self.heads,
                     max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
-                    max_positions=self.max_positions, pad_id=self.pad_id)
+                    max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":

@@ -63,6 +63,8 @@ class SupernetSpec(_Strict):
     """Most attention branches N_a (MAT); default: the largest value in ``space.branches``."""
     paths: int | None = Field(None, ge=1)
     """Most parallel paths per sublayer (Multi-Path); default: the largest value in ``space.paths``."""
+    more_features: bool = False
+    """Multi-Path "more features" (sec. 3.2): add the averages of n-1 paths in sublayers with 3+ paths."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
