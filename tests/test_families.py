@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nas.model.layers import EncoderLayer
+from nas.space.arch import LayerArch
 
 C, H = 16, 2
 
@@ -25,9 +26,13 @@ def _attention(x, w_in, b_in, w_out, b_out, heads, key_pad=None):
     return torch.cat(outs, -1) @ w_out.T + b_out
 
 
+def _seq(width, ffn, branches, paths) -> LayerArch:
+    return LayerArch(width, ffn, branches, paths, "sequential", ())
+
+
 def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
     """MAT eq. 6-7 inside Multi-Path eq. 4-6, transcribed with loops over paths and branches."""
-    width, ffn, nb, n_paths = dims
+    width, ffn, nb, n_paths = dims[:4]
     a, f = layer.attn, layer.ffn
 
     def fuse(fusion, x, ys):
@@ -73,7 +78,7 @@ def _layer(max_paths=3, max_branches=3, seed=0):
     return layer
 
 
-@pytest.mark.parametrize("dims", [(16, 24, 1, 1), (8, 12, 2, 1), (16, 12, 3, 2), (8, 24, 2, 3)])
+@pytest.mark.parametrize("dims", [_seq(16, 24, 1, 1), _seq(8, 12, 2, 1), _seq(16, 12, 3, 2), _seq(8, 24, 2, 3)])
 def test_encoder_layer_matches_loop_transcription_in_eval_mode(dims):
     layer = _layer().eval()
     x = torch.randn(2, 5, C)
@@ -85,7 +90,7 @@ def test_encoder_layer_matches_loop_transcription_in_eval_mode(dims):
     assert (got - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("dims", [(16, 24, 3, 1), (8, 12, 2, 3)])
+@pytest.mark.parametrize("dims", [_seq(16, 24, 3, 1), _seq(8, 12, 2, 3)])
 def test_encoder_layer_matches_loop_transcription_in_training_with_fixed_drop_branch(dims):
     layer = _layer().train()
     x = torch.randn(4, 5, C)
@@ -111,7 +116,7 @@ def test_evaluation_is_deterministic_with_drop_branch_set():
     layer = _layer().eval()
     x = torch.randn(2, 4, C)
     with torch.no_grad():
-        assert torch.equal(layer(x, (8, 12, 3, 3), None, drop_branch=0.5), layer(x, (8, 12, 3, 3), None, drop_branch=0.5))
+        assert torch.equal(layer(x, _seq(8, 12, 3, 3), None, drop_branch=0.5), layer(x, _seq(8, 12, 3, 3), None, drop_branch=0.5))
 
 
 @pytest.mark.parametrize("n_paths", [3, 4])
@@ -144,3 +149,84 @@ def test_two_paths_generate_no_new_features():
     plain.load_state_dict({k: v for k, v in fusion.state_dict().items() if not k.startswith("new_")})
     x, ys = torch.randn(2, 3, C), torch.randn(2, 2, 3, C)
     assert torch.equal(fusion.fuse(x, ys), plain.fuse(x, ys))
+
+
+# ---- Prime (Unified Transformer) -------------------------------------------------------------------
+
+
+def _reference_dynamic_conv(conv, x, v, kernels, causal, pad=None):
+    """Unified Transformer eq. 5-7 with loops over kernel sizes, positions and taps."""
+    if pad is not None:
+        v = v.masked_fill(pad[..., None], 0.0)
+    bsz, t, width = v.shape
+    gates = torch.softmax(torch.stack([conv.gate[str(k)] for k in kernels]), 0)  # eq. 7
+    out = torch.zeros(bsz, t, width)
+    for g, k in zip(gates, kernels):
+        w = torch.softmax(x @ conv.gen_weight[str(k)].T + conv.gen_bias[str(k)], -1)  # eq. 6, [b, t, k]
+        for i in range(t):
+            for j in range(k):  # tap j reads position i + j - ceil((k+1)/2) + 1 (centred) or i - k + 1 + j (causal)
+                pos = i - (k - 1) + j if causal else i + j - (k - 1) // 2
+                if 0 <= pos < t:
+                    out[:, i] += g * w[:, i, j, None] * v[:, pos]
+    return out @ conv.w_out[:, :width].T + conv.b_out
+
+
+def _reference_prime_encoder_layer(layer, x, dims, pad):
+    """LN(x + Attn(x) + Conv_K(x) + FFN(x)) (Unified Transformer eq. 4) with Shared Projection (Fig. 6)."""
+    a, f = layer.attn, layer.ffn
+    attn = sum(_attention(x, a.w_in[0, i, :, :dims.width], a.b_in[0, i, :, :dims.width], a.w_out[0, i, :, :dims.width],
+                          a.b_out[0, i], H, pad) for i in range(dims.branches)) / dims.branches
+    total = x + attn + F.relu(x @ f.w1[0, :dims.ffn_width].T + f.b1[0, :dims.ffn_width]) @ f.w2[0, :, :dims.ffn_width].T + f.b2[0]
+    if dims.kernels:
+        v = x @ a.w_in[0, 0, 2, :dims.width].T + a.b_in[0, 0, 2, :dims.width]  # V_C = V_A
+        total = total + _reference_dynamic_conv(layer.conv, x, v, dims.kernels, causal=False, pad=pad)
+    return F.layer_norm(total, (C,), layer.prime_norm.weight, layer.prime_norm.bias)
+
+
+def _prime_layer(seed=0):
+    torch.manual_seed(seed)
+    layer = EncoderLayer(C, H, C, 24, 2, dropout=0.0, max_paths=2, layout="sequential+prime", kernel_sizes=(3, 5, 7))
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "gate" in name or "prime_norm" in name:
+                p.add_(0.3 * torch.randn_like(p))
+    return layer.eval()
+
+
+@pytest.mark.parametrize("dims", [
+    LayerArch(16, 24, 1, 1, "prime", ()),  # Prime-simple (eq. 1)
+    LayerArch(8, 12, 2, 1, "prime", (3,)),
+    LayerArch(16, 24, 2, 1, "prime", (3, 7)),
+    LayerArch(8, 24, 1, 1, "prime", (3, 5, 7)),
+])
+def test_prime_encoder_layer_matches_loop_transcription(dims):
+    layer = _prime_layer()
+    x = torch.randn(2, 9, C)
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[0, -3:] = True
+    with torch.no_grad():
+        got = layer(x, dims, pad)
+        ref = _reference_prime_encoder_layer(layer, x, dims, pad)
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_causal_dynamic_conv_matches_loop_transcription_and_ignores_the_future():
+    from nas.model.layers import DynamicConv
+
+    torch.manual_seed(2)
+    conv = DynamicConv(C, 8, (3, 5), causal=True)
+    with torch.no_grad():
+        conv.gate["3"].fill_(0.7)
+    x, v = torch.randn(2, 6, C), torch.randn(2, 6, 8)
+    with torch.no_grad():
+        got = conv(x, v, (3, 5))
+        assert (got - _reference_dynamic_conv(conv, x, v, (3, 5), causal=True)).abs().max().item() <= 1e-5
+        v2 = v.clone()
+        v2[:, 4:] += 1.0  # change the future: outputs up to position 3 must not move
+        assert torch.allclose(conv(x, v2, (3, 5))[:, :4], got[:, :4], atol=1e-6)
+
+
+def test_a_layout_the_layer_was_not_built_for_is_refused():
+    layer = EncoderLayer(C, H, C, 24, 1, layout="sequential")
+    with pytest.raises(ValueError, match="layout 'prime' is not built"):
+        layer(torch.randn(1, 3, C), LayerArch(16, 24, 1, 1, "prime", ()), None)

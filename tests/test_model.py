@@ -12,9 +12,10 @@ from nas.space.arch import Arch, StackArch
 V, C, H = 37, 16, 2
 
 
-def _maxima(enc_layers=2, dec_layers=2, width=16, ffn=32, branches=3, paths=1) -> Arch:
-    return Arch(StackArch((width,) * enc_layers, (ffn,) * enc_layers, (branches,) * enc_layers, (paths,) * enc_layers),
-                StackArch((width,) * dec_layers, (ffn,) * dec_layers, (branches,) * dec_layers, (paths,) * dec_layers))
+def _maxima(enc_layers=2, dec_layers=2, width=16, ffn=32, branches=3, paths=1, kernels=()) -> Arch:
+    layout = "sequential+prime" if kernels else "sequential"
+    stack = lambda n: StackArch((width,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n, (kernels,) * n)
+    return Arch(stack(enc_layers), stack(dec_layers))
 
 
 def _batch(seed=0, b=3, s=7, t=5):
@@ -29,7 +30,12 @@ def _random_arch(maxima: Arch, g: torch.Generator) -> Arch:
     def stack(m: StackArch) -> StackArch:
         n = int(torch.randint(1, m.layers + 1, (1,), generator=g))
         pick = lambda hi, step: tuple(int(torch.randint(1, hi // step + 1, (1,), generator=g)) * step for _ in range(n))
-        return StackArch(pick(m.width[0], H * 2), pick(m.ffn_width[0], 4), pick(m.branches[0], 1), pick(m.paths[0], 1))
+        layouts = tuple("prime" if "prime" in m.layout[0] and torch.rand(1, generator=g) < 0.5 else "sequential"
+                        for _ in range(n))
+        paths = tuple(p if lay == "sequential" else 1 for p, lay in zip(pick(m.paths[0], 1), layouts))
+        kernels = tuple(tuple(k for k in m.kernels[0] if torch.rand(1, generator=g) < 0.6) if lay == "prime" else ()
+                        for lay in layouts)
+        return StackArch(pick(m.width[0], H * 2), pick(m.ffn_width[0], 4), pick(m.branches[0], 1), paths, layouts, kernels)
     return Arch(stack(maxima.encoder), stack(maxima.decoder))
 
 
@@ -63,7 +69,7 @@ def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer) -> None:
             norm(r.norm1, m.attn_paths); norm(r.norm2, m.ffn_paths)
         for r, m in zip(ref.decoder.layers, model.decoder):
             mha(r.self_attn, m.self_attn); mha(r.multihead_attn, m.cross_attn); ffn(r, m.ffn)
-            norm(r.norm1, m.self_paths); norm(r.norm2, m.cross_paths); norm(r.norm3, m.ffn_paths)
+            norm(r.norm1, m.self_attn_paths); norm(r.norm2, m.cross_attn_paths); norm(r.norm3, m.ffn_paths)
         ref.encoder.norm.load_state_dict(model.encoder_norm.state_dict())
         ref.decoder.norm.load_state_dict(model.decoder_norm.state_dict())
 
@@ -106,7 +112,7 @@ def test_multi_branch_equals_average_of_single_branch_attentions():
 @pytest.mark.parametrize("seed", range(8))
 def test_extract_equals_supernet_for_random_archs(seed):
     torch.manual_seed(seed)
-    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4)
+    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4, kernels=(3, 5, 7))
     model = SuperTransformer(V, C, H, maxima, more_features=seed % 2 == 0).eval()
     arch = _random_arch(maxima, torch.Generator().manual_seed(seed))
     sub = extract(model, arch)
@@ -119,15 +125,18 @@ def test_extract_equals_supernet_for_random_archs(seed):
 
 
 def test_extract_holds_only_cropped_weights():
-    maxima = _maxima(width=16, ffn=32, branches=3)
+    maxima = _maxima(width=16, ffn=32, branches=3, kernels=(3, 5, 7))
     model = SuperTransformer(V, C, H, maxima)
-    arch = Arch(StackArch((8,), (12,), (2,)), StackArch((4, 16), (32, 8), (1, 3)))
+    arch = Arch(StackArch((8,), (12,), (2,), (), ("prime",), ((3, 7),)), StackArch((4, 16), (32, 8), (1, 3)))
     sub = extract(model, arch)
     assert sub.encoder[0].attn.w_in.shape == (1, 2, 3, 8, C)
     assert sub.encoder[0].ffn.w1.shape == (1, 12, C)
     assert sub.decoder[1].cross_attn.w_out.shape == (1, 3, C, 16)
     assert torch.equal(sub.decoder[0].ffn.w2, model.decoder[0].ffn.w2[:1, :, :32])
     assert torch.equal(sub.encoder[0].attn.w_in, model.encoder[0].attn.w_in[:1, :2, :, :8])
+    assert sorted(sub.encoder[0].conv.gen_weight) == ["3", "7"]  # only the chosen kernel cells
+    assert not hasattr(sub.encoder[0], "attn_paths") and not hasattr(sub.decoder[0], "prime_norm")
+    assert torch.equal(sub.encoder[0].conv.w_out, model.encoder[0].conv.w_out[:, :8])
 
 
 def test_arch_beyond_maxima_is_refused_with_the_choice_named():
@@ -151,14 +160,18 @@ def test_drop_branch_is_active_in_training_only():
     assert not torch.allclose(c, d)
 
 
-@pytest.mark.parametrize("paths", [1, 2])
-def test_cached_decoding_matches_full_recomputation(paths):
+@pytest.mark.parametrize("paths,layout,kernels", [(1, "sequential", ()), (2, "sequential", ()), (1, "prime", ()),
+                                                   (1, "prime", (3, 5))])
+def test_cached_decoding_matches_full_recomputation(paths, layout, kernels):
     torch.manual_seed(3)
-    maxima = _maxima(branches=2, paths=2)
+    maxima = _maxima(branches=2, paths=2, kernels=(3, 5))
     model = SuperTransformer(V, C, H, maxima).eval()
-    arch = Arch(StackArch((8, 16), (16, 32), (2, 1), (paths, 1)), StackArch((16,), (8,), (2,), (paths,)))
+    arch = Arch(StackArch((8, 16), (16, 32), (2, 1), (paths, 1)),
+                StackArch((16, 8), (8, 32), (2, 1), (paths, 1), (layout, "sequential"), (kernels, ())))
     src, tgt = _batch()
     with torch.no_grad():
+        for p in model.parameters():  # non-zero conv kernels and gates
+            p.add_(0.05 * torch.randn_like(p))
         full = model(src, tgt, arch)  # [b, t, V]
         memory, pad = model.encode(src, arch)
         cache = [{} for _ in model.decoder]

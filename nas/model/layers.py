@@ -22,7 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-__all__ = ["MultiBranchAttention", "ElasticFFN", "PathFusion", "EncoderLayer", "DecoderLayer",
+from nas.space.arch import LayerArch
+
+__all__ = ["MultiBranchAttention", "ElasticFFN", "PathFusion", "DynamicConv", "EncoderLayer", "DecoderLayer",
            "sinusoidal_positions", "drop_mask", "path_project"]
 
 Cache = dict[str, torch.Tensor]
@@ -114,6 +116,7 @@ class MultiBranchAttention(nn.Module):
         causal: bool = False,
         branch_scale: torch.Tensor | None = None,
         cache: Cache | None = None,
+        values: list | None = None,
     ) -> torch.Tensor:
         """Attend each path's queries to themselves (``memory=None``) or to ``memory``.
 
@@ -127,6 +130,8 @@ class MultiBranchAttention(nn.Module):
             branch_scale: drop-branch keep mask ``[P, b, B_l]`` (MAT eq. 5), or None.
             cache: incremental decoding state, updated in place: self-attention appends
                 ``k``/``v`` ``[P, b, B_l*h, t_so_far, d_h]``; cross-attention stores ``ck``/``cv`` once.
+            values: if given (self-attention), receives the value projection of path 0,
+                branch 0, ``[b, t, D_l]``: Prime's Shared Projection ``V_C = V_A`` (Fig. 6).
         Returns:
             ``[P, b, t, C]``: per path ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
         """
@@ -136,6 +141,8 @@ class MultiBranchAttention(nn.Module):
         if memory is None:
             qkv = path_project(xs, w_in.reshape(n_paths, nb * 3 * width, c), b_in.reshape(n_paths, -1))
             q, k, v = qkv.view(n_paths, bsz, t, nb, 3, width).unbind(4)  # each [P, b, t, B, D]
+            if values is not None:
+                values.append(v[0, :, :, 0])  # [b, t, D]
             k, v = self._heads(k), self._heads(v)  # [P, b, B*h, t, dh]
             if cache is not None:
                 if "k" in cache:
@@ -256,79 +263,197 @@ class PathFusion(nn.Module):
         return self.beta * x + ys.sum(0)
 
 
+class DynamicConv(nn.Module):
+    """Prime's convolution: dynamic depthwise convolutions mixed by a softmax gate (Unified Transformer eq. 5-7).
+
+    For each kernel size k, position-dependent weights ``softmax(W_k x_i + b_k)`` over the k
+    taps (eq. 6, one kernel shared by all channels, as in dynamic convolution) are applied to
+    the values ``V_C [b, t, D]``, which are the attention's value projection (Shared
+    Projection, Fig. 6). Several kernel sizes are mixed by ``softmax(alpha)`` over the chosen
+    ones (eq. 7); all of them run as one combined kernel of the largest size over one
+    ``unfold`` of V. The output projection ``W_2^C [C, D]`` is cropped to the width.
+
+    Args:
+        model_dim: C (channels).
+        max_width: D, the widest value width (channels).
+        kernel_sizes: the odd kernel sizes this layer supports.
+        causal: decoder convolution (taps ``i-k+1 .. i``) instead of centred taps.
+    """
+
+    def __init__(self, model_dim: int, max_width: int, kernel_sizes: tuple[int, ...], causal: bool) -> None:
+        super().__init__()
+        self.causal = causal
+        self.gen_weight = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(k, model_dim)) for k in kernel_sizes})
+        self.gen_bias = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(k)) for k in kernel_sizes})
+        self.gate = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(())) for k in kernel_sizes})
+        for k in kernel_sizes:
+            nn.init.normal_(self.gen_weight[str(k)], 0.0, model_dim ** -0.5)
+        self.w_out = nn.Parameter(torch.empty(model_dim, max_width))
+        self.b_out = nn.Parameter(torch.zeros(model_dim))
+        nn.init.xavier_uniform_(self.w_out)
+
+    def kernel(self, x: torch.Tensor, kernels: tuple[int, ...]) -> torch.Tensor:
+        """The gated, combined dynamic kernel ``[b, t, K]`` (K = the largest chosen size) from ``x [b, t, C]``."""
+        big = max(kernels)
+        gate = torch.softmax(torch.stack([self.gate[str(k)] for k in kernels]), 0)  # eq. 7
+        logits = F.linear(x, torch.cat([self.gen_weight[str(k)] for k in kernels]),
+                          torch.cat([self.gen_bias[str(k)] for k in kernels]))  # [b, t, sum k]: one matmul
+        combined = x.new_zeros(*x.shape[:2], big, dtype=logits.dtype)
+        for i, (k, part) in enumerate(zip(kernels, logits.split(list(kernels), dim=-1))):
+            offset = big - k if self.causal else (big - k) // 2  # align the k taps inside the K window
+            combined[..., offset:offset + k] += gate[i] * torch.softmax(part, -1)  # eq. 6
+        return combined
+
+    def forward(self, x: torch.Tensor, v: torch.Tensor, kernels: tuple[int, ...], pad: torch.Tensor | None = None,
+                cache: Cache | None = None) -> torch.Tensor:
+        """``x [b, t, C]`` (kernel input), ``v [b, t, D]`` (values) -> ``[b, t, C]``.
+
+        ``pad [b, t]`` zeroes padded values; ``cache`` (causal, incremental) keeps the last
+        ``K - 1`` values as ``"v" [1, b, K-1, D]``.
+        """
+        big, width = max(kernels), v.size(-1)
+        if pad is not None:
+            v = v.masked_fill(pad[..., None], 0.0)
+        left = big - 1 if self.causal else (big - 1) // 2
+        right = 0 if self.causal else (big - 1) // 2
+        if cache is not None:
+            past = cache.get("v")
+            if past is None:
+                past = v.new_zeros(1, v.size(0), big - 1, width)
+            window = torch.cat([past[0], v], 1)  # [b, K-1+t, D]
+            cache["v"] = window[None, :, window.size(1) - (big - 1):]
+            padded = window
+        else:
+            padded = F.pad(v, (0, 0, left, right))  # [b, left+t+right, D]
+        windows = padded.unfold(1, big, 1)  # [b, t, D, K]
+        out = torch.einsum("btk,btdk->btd", self.kernel(x, kernels).to(v.dtype), windows)
+        return F.linear(out, self.w_out[:, :width], self.b_out)
+
+
 def _cut(scale: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
     return None if scale is None else scale[..., start:stop]
 
 
-class EncoderLayer(nn.Module):
-    """Pre-norm encoder layer: multi-path multi-branch self-attention, then a multi-path FFN.
+def _keep(scale: torch.Tensor | None, column: int) -> torch.Tensor | None:
+    return None if scale is None else scale[..., column]
 
-    Each sublayer is ``beta x + sum_p alpha_p PathNorm_p(Func(LN_p(x)))`` (Multi-Path eq. 4-6)
-    where Func is the branch-averaged attention (MAT eq. 6) or the FFN with drop-branch
-    (MAT eq. 7). With one path, one branch, full widths and ``rho = 0`` it is exactly
-    ``torch.nn.TransformerEncoderLayer(norm_first=True)`` (ReLU, LayerNorm eps 1e-5).
+
+def _add_ffn(total: torch.Tensor, y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """``total + y_0``: a Prime unit's FFN term ``[1, b, t, C]`` with its drop-branch mask (MAT eq. 7)."""
+    return total + (y[0] if keep is None else y[0] * keep[0, :, None, None].to(y.dtype))
+
+
+class _UnifiedLayer(nn.Module):
+    """What encoder and decoder layers share: attention(s), FFN, path fusions, Prime parts."""
+
+    def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
+                 dropout: float, attention_dropout: float, max_paths: int, more_features: bool, layout: str,
+                 kernel_sizes: tuple[int, ...], sublayers: tuple[str, ...], causal: bool) -> None:
+        super().__init__()
+        self.layouts = tuple(layout.split("+"))
+        for name in sublayers:
+            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths))
+        self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
+        if "sequential" in self.layouts:
+            for name in (*sublayers, "ffn"):
+                self.add_module(f"{name}_paths", PathFusion(model_dim, max_paths, more_features))
+        if "prime" in self.layouts:
+            self.prime_norm = nn.LayerNorm(model_dim)
+            if kernel_sizes:
+                self.conv = DynamicConv(model_dim, max_width, tuple(kernel_sizes), causal)
+        self.dropout = nn.Dropout(dropout)
+
+    def _check_layout(self, dims: LayerArch) -> None:
+        if dims.layout not in self.layouts:
+            raise ValueError(f"layout {dims.layout!r} is not built in this layer (it has {'+'.join(self.layouts)})")
+
+
+class EncoderLayer(_UnifiedLayer):
+    """Encoder layer in one of two layouts, chosen per call by ``dims.layout``.
+
+    - ``sequential``: pre-norm self-attention then FFN, each sublayer
+      ``beta x + sum_p alpha_p PathNorm_p(Func(LN_p(x)))`` (Multi-Path eq. 4-6), where Func is
+      the branch-averaged attention (MAT eq. 6) or the FFN with drop-branch (MAT eq. 7). With
+      one path, one branch, full widths and ``rho = 0`` it is exactly
+      ``torch.nn.TransformerEncoderLayer(norm_first=True)`` (ReLU, LayerNorm eps 1e-5).
+    - ``prime``: ``LN(x + Attn(x) + Conv_K(x) + FFN(x))`` (Unified Transformer eq. 4), the
+      convolution sharing the attention's value projection; Prime-simple (eq. 1) when K is empty.
+
+    Args:
+        layout: the layouts this layer supports: ``sequential``, ``prime`` or ``sequential+prime``.
+        kernel_sizes: convolution kernel sizes it supports (Prime).
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
-                 more_features: bool = False) -> None:
-        super().__init__()
-        self.attn_paths = PathFusion(model_dim, max_paths, more_features)
-        self.attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.ffn_paths = PathFusion(model_dim, max_paths, more_features)
-        self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
-        self.dropout = nn.Dropout(dropout)
+                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = ()) -> None:
+        super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, dropout, attention_dropout,
+                         max_paths, more_features, layout, kernel_sizes, ("attn",), causal=False)
 
-    def forward(self, x: torch.Tensor, dims: tuple[int, int, int, int], src_pad: torch.Tensor | None,
+    def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 drop_branch: float = 0.0) -> torch.Tensor:
-        """``x [b, s, C]``, ``dims = (width, ffn_width, branches, paths)``, ``src_pad [b, s]`` -> ``[b, s, C]``."""
-        width, ffn_width, nb, n_paths = dims
+        """``x [b, s, C]``, the layer's choices ``dims``, ``src_pad [b, s]`` -> ``[b, s, C]``."""
+        self._check_layout(dims)
+        n_paths = dims.paths if dims.layout == "sequential" else 1
         rho = drop_branch if self.training else 0.0
-        scale = drop_mask((n_paths, x.size(0), nb + 1), rho, x.device)  # per path: branches, then the FFN
-        ys = self.attn(self.attn_paths.paths_in(x, n_paths), width=width, branches=nb, key_pad=src_pad,
-                       branch_scale=_cut(scale, 0, nb))
-        x = self.attn_paths.fuse(x, self.dropout(ys))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), ffn_width))
-        return self.ffn_paths.fuse(x, ys, None if scale is None else scale[..., nb])
+        scale = drop_mask((n_paths, x.size(0), dims.branches + 1), rho, x.device)  # per path: branches, FFN
+        attn = dict(width=dims.width, branches=dims.branches, key_pad=src_pad, branch_scale=_cut(scale, 0, dims.branches))
+        if dims.layout == "prime":
+            values: list = []
+            total = x + self.dropout(self.attn(x[None], values=values, **attn)[0])
+            if dims.kernels:
+                total = total + self.dropout(self.conv(x, values[0], dims.kernels, src_pad))
+            y = self.dropout(self.ffn(x[None], dims.ffn_width))
+            return self.prime_norm(_add_ffn(total, y, _keep(scale, dims.branches)))
+        x = self.attn_paths.fuse(x, self.dropout(self.attn(self.attn_paths.paths_in(x, n_paths), **attn)))
+        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), dims.ffn_width))
+        return self.ffn_paths.fuse(x, ys, _keep(scale, dims.branches))
 
 
-class DecoderLayer(nn.Module):
-    """Pre-norm decoder layer: causal self-attention, cross-attention and FFN, each multi-path
-    (Multi-Path eq. 4-6) with multi-branch attention (MAT eq. 6-7).
+class DecoderLayer(_UnifiedLayer):
+    """Decoder layer in one of two layouts, chosen per call by ``dims.layout``.
 
-    The cross-attention uses the same width D_l, branch count B_l and path count P_l as the
-    self-attention. With one path, one branch, full widths and ``rho = 0`` it equals
-    ``torch.nn.TransformerDecoderLayer(norm_first=True)``.
+    - ``sequential``: causal self-attention, cross-attention and FFN, each a multi-path
+      sublayer (Multi-Path eq. 4-6) with multi-branch attention (MAT eq. 6-7); the
+      cross-attention uses the same width, branches and paths as the self-attention. With one
+      path, one branch, full widths and ``rho = 0`` it equals
+      ``torch.nn.TransformerDecoderLayer(norm_first=True)``.
+    - ``prime``: ``LN(x + SelfAttn(x) + Cross(x, memory) + CausalConv_K(x) + FFN(x))``
+      (Unified Transformer eq. 4 with the decoder's cross-attention in parallel, Fig. 1).
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
-                 more_features: bool = False) -> None:
-        super().__init__()
-        self.self_paths = PathFusion(model_dim, max_paths, more_features)
-        self.self_attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.cross_paths = PathFusion(model_dim, max_paths, more_features)
-        self.cross_attn = MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths)
-        self.ffn_paths = PathFusion(model_dim, max_paths, more_features)
-        self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
-        self.dropout = nn.Dropout(dropout)
+                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = ()) -> None:
+        super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, dropout, attention_dropout,
+                         max_paths, more_features, layout, kernel_sizes, ("self_attn", "cross_attn"), causal=True)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, dims: tuple[int, int, int, int],
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, dims: LayerArch,
                 src_pad: torch.Tensor | None, drop_branch: float = 0.0, cache: Cache | None = None) -> torch.Tensor:
         """``x [b, t, C]``, ``memory [b, s, C]`` -> ``[b, t, C]``.
 
         With ``cache`` (incremental decoding), ``x`` holds only the newest position(s) and
-        the self-attention attends to the cached keys; no causal mask is needed then.
+        the self-attention (and the causal convolution) continue from the cached state.
         """
-        width, ffn_width, nb, n_paths = dims
+        self._check_layout(dims)
+        nb = dims.branches
+        n_paths = dims.paths if dims.layout == "sequential" else 1
         rho = drop_branch if self.training else 0.0
         scale = drop_mask((n_paths, x.size(0), 2 * nb + 1), rho, x.device)  # self, cross branches, FFN
-        ys = self.self_attn(self.self_paths.paths_in(x, n_paths), width=width, branches=nb, causal=cache is None,
-                            branch_scale=_cut(scale, 0, nb), cache=None if cache is None else cache.setdefault("self", {}))
-        x = self.self_paths.fuse(x, self.dropout(ys))
-        ys = self.cross_attn(self.cross_paths.paths_in(x, n_paths), width=width, branches=nb, memory=memory,
-                             key_pad=src_pad, branch_scale=_cut(scale, nb, 2 * nb),
-                             cache=None if cache is None else cache.setdefault("cross", {}))
-        x = self.cross_paths.fuse(x, self.dropout(ys))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), ffn_width))
-        return self.ffn_paths.fuse(x, ys, None if scale is None else scale[..., 2 * nb])
+        part = (lambda name: None) if cache is None else (lambda name: cache.setdefault(name, {}))
+        self_kw = dict(width=dims.width, branches=nb, causal=cache is None, branch_scale=_cut(scale, 0, nb),
+                       cache=part("self"))
+        cross_kw = dict(width=dims.width, branches=nb, memory=memory, key_pad=src_pad,
+                        branch_scale=_cut(scale, nb, 2 * nb), cache=part("cross"))
+        if dims.layout == "prime":
+            values: list = []
+            total = x + self.dropout(self.self_attn(x[None], values=values, **self_kw)[0])
+            total = total + self.dropout(self.cross_attn(x[None], **cross_kw)[0])
+            if dims.kernels:
+                total = total + self.dropout(self.conv(x, values[0], dims.kernels, cache=part("conv")))
+            y = self.dropout(self.ffn(x[None], dims.ffn_width))
+            return self.prime_norm(_add_ffn(total, y, _keep(scale, 2 * nb)))
+        x = self.self_attn_paths.fuse(x, self.dropout(self.self_attn(self.self_attn_paths.paths_in(x, n_paths), **self_kw)))
+        x = self.cross_attn_paths.fuse(x, self.dropout(self.cross_attn(self.cross_attn_paths.paths_in(x, n_paths), **cross_kw)))
+        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), dims.ffn_width))
+        return self.ffn_paths.fuse(x, ys, _keep(scale, 2 * nb))

@@ -57,10 +57,10 @@ class SuperTransformer(nn.Module):
         self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
         self.dropout = nn.Dropout(dropout)
         kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features)
-        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
-                                     for w, f, b, p in max_arch.encoder.layer_dims())
-        self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, w, f, b, max_paths=p, **kw)
-                                     for w, f, b, p in max_arch.decoder.layer_dims())
+        layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
+                               max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, **kw)
+        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d)) for d in max_arch.encoder.layer_dims())
+        self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, **layer(d)) for d in max_arch.decoder.layer_dims())
         self.encoder_norm = nn.LayerNorm(model_dim)
         self.decoder_norm = nn.LayerNorm(model_dim)
 

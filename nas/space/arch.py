@@ -11,17 +11,36 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Arch", "StackArch", "DIMENSIONS"]
+__all__ = ["Arch", "StackArch", "LayerArch", "DIMENSIONS", "LAYOUTS"]
 
-DIMENSIONS = ("width", "ffn_width", "branches", "paths")
+DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels")
 """The per-layer choices of a stack, in StackArch field order."""
+LAYOUTS = ("sequential", "prime")
+"""Layer layouts: pre-norm sublayers in sequence, or a Prime unit (Unified Transformer eq. 1, 4)."""
+SUPPORTS_BOTH = "sequential+prime"
+"""A supernet maxima layout: the layer can run either layout (never a sub-Transformer's choice)."""
+
+
+class LayerArch(NamedTuple):
+    """One layer's choices (see :class:`StackArch` for the meaning of each)."""
+
+    width: int
+    ffn_width: int
+    branches: int
+    paths: int
+    layout: str
+    kernels: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class StackArch:
-    """Per-layer choices of one stack (encoder or decoder); all tuples have len == layers."""
+    """Per-layer choices of one stack (encoder or decoder); all tuples have len == layers.
+
+    As a supernet's *maxima*, ``layout`` may be ``"sequential+prime"`` (both supported) and
+    ``kernels`` lists the kernel sizes available in the layer.
+    """
 
     width: tuple[int, ...]
     """Attention width D_l per layer (channels): q/k/v width of every branch; Scalable Transformers type 2."""
@@ -30,22 +49,38 @@ class StackArch:
     branches: tuple[int, ...] = field(default=())
     """Attention branches N_a per layer (MAT eq. 4); empty means one branch in every layer."""
     paths: tuple[int, ...] = field(default=())
-    """Parallel paths per sublayer, per layer (Multi-Path eq. 4); empty means one path in every layer."""
+    """Parallel paths per sublayer, per layer (Multi-Path eq. 4); empty means one path. Prime layers use one."""
+    layout: tuple[str, ...] = field(default=())
+    """``sequential`` (pre-norm sublayers) or ``prime`` (Unified Transformer eq. 4) per layer; empty: sequential."""
+    kernels: tuple[tuple[int, ...], ...] = field(default=())
+    """Dynamic-convolution kernel sizes of a Prime layer (eq. 6-7); ``()`` is Prime-simple. Empty: none."""
 
     def __post_init__(self) -> None:
+        n = len(self.width)
         object.__setattr__(self, "width", tuple(int(w) for w in self.width))
         object.__setattr__(self, "ffn_width", tuple(int(f) for f in self.ffn_width))
         for name in ("branches", "paths"):
-            object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)) or (1,) * len(self.width))
+            object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)) or (1,) * n)
+        object.__setattr__(self, "layout", tuple(str(x) for x in self.layout) or ("sequential",) * n)
+        object.__setattr__(self, "kernels", tuple(tuple(sorted(int(k) for k in ks)) for ks in self.kernels) or ((),) * n)
         lengths = {name: len(getattr(self, name)) for name in DIMENSIONS}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
         if not self.width:
             raise ValueError("StackArch needs at least one layer")
-        for name in DIMENSIONS:
+        for name in ("width", "ffn_width", "branches", "paths"):
             for i, v in enumerate(getattr(self, name)):
                 if v < 1:
                     raise ValueError(f"{name}[{i}]={v} must be >= 1")
+        for i, (layout, ks) in enumerate(zip(self.layout, self.kernels)):
+            if layout not in (*LAYOUTS, SUPPORTS_BOTH):
+                raise ValueError(f"layout[{i}]={layout!r}; expected one of {', '.join(LAYOUTS)}")
+            if any(k < 1 or k % 2 == 0 for k in ks):
+                raise ValueError(f"kernels[{i}]={list(ks)}: kernel sizes must be odd and >= 1")
+            if ks and layout == "sequential":
+                raise ValueError(f"kernels[{i}]={list(ks)} on a sequential layer; kernels need layout prime")
+            if layout == "prime" and self.paths[i] > 1:
+                raise ValueError(f"paths[{i}]={self.paths[i]} on a prime layer; a Prime unit has one path")
 
     @property
     def layers(self) -> int:
@@ -53,17 +88,24 @@ class StackArch:
         return len(self.width)
 
     def to_dict(self) -> dict[str, Any]:
-        return {name: list(getattr(self, name)) for name in DIMENSIONS}
+        d = {name: list(getattr(self, name)) for name in DIMENSIONS}
+        d["kernels"] = [list(ks) for ks in self.kernels]
+        return d
 
-    def layer_dims(self) -> list[tuple[int, int, int, int]]:
-        """``(width, ffn_width, branches, paths)`` per layer."""
-        return list(zip(self.width, self.ffn_width, self.branches, self.paths))
+    def layer_dims(self) -> list[LayerArch]:
+        """The choices of each layer."""
+        return [LayerArch(*values) for values in zip(*(getattr(self, name) for name in DIMENSIONS))]
 
     def summary(self) -> str:
-        """One readable token per layer: ``width/ffn_width``, then ``xN`` for N branches and ``pN`` for N paths."""
+        """One token per layer: ``width/ffn_width``, ``xN`` for N branches, ``pN`` for N paths,
+        ``P`` for a Prime layer with its kernels (``P3,15``; ``P-`` for Prime-simple)."""
         cells = []
-        for w, f, b, p in self.layer_dims():
-            cells.append(f"{w}/{f}" + (f"x{b}" if b > 1 else "") + (f"p{p}" if p > 1 else ""))
+        for d in self.layer_dims():
+            cell = f"{d.width}/{d.ffn_width}" + (f"x{d.branches}" if d.branches > 1 else "")
+            cell += f"p{d.paths}" if d.paths > 1 else ""
+            if d.layout == "prime":
+                cell += "P" + (",".join(map(str, d.kernels)) or "-")
+            cells.append(cell)
         return " ".join(cells)
 
 
@@ -119,7 +161,12 @@ class Arch:
             sub, sup = getattr(self, stack), getattr(maxima, stack)
             if sub.layers > sup.layers:
                 raise ValueError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
-            for name in DIMENSIONS:
+            for name in ("width", "ffn_width", "branches", "paths"):
                 for i, (v, vmax) in enumerate(zip(getattr(sub, name), getattr(sup, name))):
                     if v > vmax:
                         raise ValueError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")
+            for i, (d, m) in enumerate(zip(sub.layer_dims(), sup.layer_dims())):
+                if d.layout not in m.layout.split("+"):
+                    raise ValueError(f"arch.{stack}.layout[{i}]={d.layout!r} but the supernet's layer supports {m.layout!r}")
+                if not set(d.kernels) <= set(m.kernels):
+                    raise ValueError(f"arch.{stack}.kernels[{i}]={list(d.kernels)} not within the supernet's {list(m.kernels)}")

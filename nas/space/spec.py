@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from nas.space.arch import LAYOUTS
+
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec"]
 
 
@@ -65,6 +67,8 @@ class SupernetSpec(_Strict):
     """Most parallel paths per sublayer (Multi-Path); default: the largest value in ``space.paths``."""
     more_features: bool = False
     """Multi-Path "more features" (sec. 3.2): add the averages of n-1 paths in sublayers with 3+ paths."""
+    kernels: list[int] = Field(default_factory=list)
+    """Kernel sizes (odd) of the Prime convolution cells; default: those used in ``space.kernels``."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
@@ -72,10 +76,13 @@ class SupernetSpec(_Strict):
 
 
 class Dimension(_Strict):
-    values: list[int] = Field(..., min_length=1)
-    """The choices (an Optuna categorical)."""
+    values: list[int | str | list[int]] = Field(..., min_length=1)
+    """The choices (an Optuna categorical): integers, layout names, or kernel-size lists."""
     per_layer: bool = False
     """True: one choice per layer; False: one choice per stack (encoder, decoder)."""
+    when: dict[str, int | str] | None = None
+    """Condition on another per-layer dimension of the same layer, e.g. ``{layout: prime}``;
+    where it does not hold the dimension takes its inactive value (1 branch/path, no kernels)."""
 
 
 class SpaceSpec(_Strict):
@@ -90,6 +97,10 @@ class SpaceSpec(_Strict):
     """Attention branches N_a (MAT eq. 4); default: supernet.branches, else 1."""
     paths: Dimension | None = None
     """Parallel paths per sublayer (Multi-Path eq. 4); default: supernet.paths, else 1."""
+    layout: Dimension | None = None
+    """``sequential`` or ``prime`` (Unified Transformer eq. 4) per layer; default: sequential."""
+    kernels: Dimension | None = None
+    """Dynamic-convolution kernel sets of Prime layers, e.g. ``[[], [3], [3, 15]]`` (``[]``: Prime-simple)."""
 
 
 class TrainSpec(_Strict):
@@ -174,6 +185,13 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _check_space(self) -> "SweepSpec":
         sn, sp = self.supernet, self.space
+        if sn.model_dim % sn.heads:
+            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}")
+        if sn.ffn_width is None and sp.ffn_width is None:
+            raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
+        for k in sn.kernels:
+            if k < 1 or k % 2 == 0:
+                raise ValueError(f"supernet.kernels contains {k}; kernel sizes must be odd and >= 1 (e.g. 3, 7, 15)")
         limits = {
             "encoder_layers": ("supernet.encoder_layers", sn.encoder_layers),
             "decoder_layers": ("supernet.decoder_layers", sn.decoder_layers),
@@ -182,25 +200,83 @@ class SweepSpec(_Strict):
             "branches": ("supernet.branches", sn.branches),
             "paths": ("supernet.paths", sn.paths),
         }
-        for key, (limit_key, limit) in limits.items():
+        for key in SpaceSpec.model_fields:
             dim = getattr(sp, key)
             if dim is None:
                 continue
-            if len(set(dim.values)) != len(dim.values):
+            values = [tuple(v) if isinstance(v, list) else v for v in dim.values]
+            if len(set(values)) != len(values):
                 raise ValueError(f"space.{key}.values={dim.values} repeats a value; list each choice once")
-            for v in dim.values:
-                if v < 1:
-                    raise ValueError(f"space.{key}.values contains {v}; choices must be >= 1")
-                if limit is not None and v > limit:
-                    raise ValueError(f"space.{key}.values contains {v}, above {limit_key}={limit}; "
-                                     f"lower the value or raise {limit_key}")
-                if key == "width" and v % sn.heads:
-                    raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={sn.heads}")
-        if sn.model_dim % sn.heads:
-            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}")
-        if sn.ffn_width is None and sp.ffn_width is None:
-            raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
+            if key == "layout":
+                _check_layouts(dim.values)
+            elif key == "kernels":
+                _check_kernels(dim.values, sn.kernels, sp.layout)
+            else:
+                _check_ints(key, dim.values, *limits[key], heads=sn.heads)
+            if dim.when is not None:
+                _check_when(key, dim, sp)
+        _check_prime_conditions(sp)
         return self
+
+
+def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads: int) -> None:
+    for v in values:
+        if not isinstance(v, int):
+            raise ValueError(f"space.{key}.values contains {v!r}; this dimension takes integers")
+        if v < 1:
+            raise ValueError(f"space.{key}.values contains {v}; choices must be >= 1")
+        if limit is not None and v > limit:
+            raise ValueError(f"space.{key}.values contains {v}, above {limit_key}={limit}; "
+                             f"lower the value or raise {limit_key}")
+        if key == "width" and v % heads:
+            raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={heads}")
+
+
+def _check_layouts(values: list) -> None:
+    for v in values:
+        if v not in LAYOUTS:
+            raise ValueError(f"space.layout.values contains {v!r}; expected {' or '.join(LAYOUTS)}")
+
+
+def _check_kernels(values: list, available: list[int], layout: "Dimension | None") -> None:
+    if layout is None or "prime" not in layout.values:
+        raise ValueError("space.kernels needs Prime layers: add 'prime' to space.layout.values")
+    for v in values:
+        if not isinstance(v, list):
+            raise ValueError(f"space.kernels.values contains {v!r}; each choice is a list of kernel sizes, e.g. [3, 15]")
+        for k in v:
+            if k < 1 or k % 2 == 0:
+                raise ValueError(f"space.kernels.values contains kernel size {k}; kernel sizes must be odd and >= 1")
+            if available and k not in available:
+                raise ValueError(f"space.kernels.values contains {k}, not in supernet.kernels={available}; "
+                                 f"add it there or remove it here")
+
+
+def _check_prime_conditions(sp: "SpaceSpec") -> None:
+    """Prime layers have one path and sequential layers no kernels: the YAML must say so with ``when``."""
+    layouts = sp.layout.values if sp.layout else ["sequential"]
+    if "prime" in layouts and sp.paths and len(sp.paths.values) > 1 and sp.paths.when != {"layout": "sequential"}:
+        raise ValueError("space.paths: a Prime layer has one path; add `when: {layout: sequential}` to space.paths")
+    if "sequential" in layouts and sp.kernels and sp.kernels.when != {"layout": "prime"} \
+            and any(v for v in sp.kernels.values):
+        raise ValueError("space.kernels: sequential layers have no convolution; add `when: {layout: prime}` to space.kernels")
+
+
+def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
+    if key in ("width", "ffn_width", "encoder_layers", "decoder_layers"):
+        raise ValueError(f"space.{key}.when: {key} applies to every layer and cannot be conditional")
+    if len(dim.when) != 1:
+        raise ValueError(f"space.{key}.when={dim.when}: give exactly one condition, e.g. {{layout: prime}}")
+    (ref, value), = dim.when.items()
+    target = getattr(sp, ref, None) if ref in SpaceSpec.model_fields else None
+    if target is None:
+        raise ValueError(f"space.{key}.when refers to {ref!r}, which is not a dimension of this space")
+    if target.when is not None:
+        raise ValueError(f"space.{key}.when refers to {ref!r}, which is conditional itself; refer to an unconditional one")
+    if not (dim.per_layer and target.per_layer):
+        raise ValueError(f"space.{key}.when: both space.{key} and space.{ref} need per_layer: true")
+    if value not in target.values:
+        raise ValueError(f"space.{key}.when: {ref}={value!r} is not one of space.{ref}.values={target.values}")
 
 
 def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
