@@ -263,3 +263,56 @@ def test_stack_arch_rejects_zero_layers_and_non_positive_values():
         StackArch(width=(), ffn_width=())
     with pytest.raises(ValueError, match=r"ffn_width\[1\]=0 must be >= 1"):
         StackArch(width=(8, 8), ffn_width=(16, 0))
+
+
+# ---- conditional dimensions (Prime layers, paths) ----------------------------------------------------
+
+CONDITIONAL = {
+    "encoder_layers": {"values": [1, 2]},
+    "decoder_layers": {"values": [1]},
+    "width": {"values": [16, 32]},
+    "ffn_width": {"values": [32, 64]},
+    "layout": {"values": ["prime", "sequential"], "per_layer": True},
+    "paths": {"values": [1, 2, 3], "per_layer": True, "when": {"layout": "sequential"}},
+    "kernels": {"values": [[3, 7], [], [3]], "per_layer": True, "when": {"layout": "prime"}},
+}
+
+
+def _brute_force_conditional() -> set[Arch]:
+    layer_choices = [("sequential", p, ()) for p in (1, 2, 3)] + [("prime", 1, k) for k in ((), (3,), (3, 7))]
+    stacks = {}
+    for name, depths in (("encoder", [1, 2]), ("decoder", [1])):
+        stacks[name] = [StackArch((w,) * n, (f,) * n, (3,) * n, tuple(c[1] for c in cs), tuple(c[0] for c in cs),
+                                  tuple(c[2] for c in cs))
+                        for n in depths for w in (16, 32) for f in (32, 64)
+                        for cs in itertools.product(layer_choices, repeat=n)]
+    return {Arch(e, d) for e in stacks["encoder"] for d in stacks["decoder"]}
+
+
+def test_conditional_space_size_and_samples_match_brute_force():
+    space, spec = make_space(CONDITIONAL, kernels=[3, 7])
+    everything = _brute_force_conditional()
+    assert space.size() == len(everything)
+    samples = {space.sample(random.Random(s)) for s in range(300)}
+    assert samples <= everything
+    assert any("prime" in a.encoder.layout for a in samples) and any(3 in a.encoder.paths for a in samples)
+    maxima = space.supernet_maxima(spec)
+    assert maxima.encoder.layout[0] == "sequential+prime" and maxima.encoder.kernels[0] == (3, 7)
+    for arch in samples:
+        arch.check_within(maxima)
+
+
+def test_conditional_choices_are_asked_only_where_their_condition_holds():
+    space, _ = make_space(CONDITIONAL, kernels=[3, 7])
+    for trial, arch in ask(space, n=25):
+        assert space.from_params(trial.params) == arch
+        for i, layout in enumerate(arch.encoder.layout):
+            assert (f"encoder.kernels.{i}" in trial.params) == (layout == "prime")
+            assert (f"encoder.paths.{i}" in trial.params) == (layout == "sequential")
+        assert all(isinstance(v, (int, str)) for v in trial.params.values())  # kernel sets as labels
+
+
+def test_widest_is_sequential_with_most_paths_and_narrowest_is_its_first_choice():
+    space, _ = make_space(CONDITIONAL, kernels=[3, 7])
+    assert set(space.widest().encoder.layout) == {"sequential"} and set(space.widest().encoder.paths) == {3}
+    assert space.narrowest().encoder.layout == ("sequential",)
