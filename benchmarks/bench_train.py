@@ -32,7 +32,7 @@ from nas.search.trials import score_arch
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
-from trainers import build_supernet
+from trainers import build_supernet, check_fingerprint, supernet_fingerprint
 
 
 class Reference(nn.Module):
@@ -119,8 +119,11 @@ def main() -> None:
     ratio = statistics.median(times["supernet, nn.Transformer's dims"]) / statistics.median(times["nn.Transformer"])
     print(f"supernet / nn.Transformer time ratio at the same dimensions (1 branch): {ratio:.3f} (goal <= 1.15)")
 
+    if args.evals == 0:
+        return
     trained = spec.run_dir / "supernet"
     if (trained / "supernet.safetensors").is_file():  # realistic output lengths need trained weights
+        check_fingerprint(trained, supernet_fingerprint(spec, data))
         supernet = load_model(trained, "supernet")
         print(f"evaluating with the trained supernet in {trained}")
     else:
@@ -135,8 +138,6 @@ def main() -> None:
         m = score_arch(supernet, arch, small, data)
         durations.append(time.perf_counter() - t0)
         print(f"eval {i}: {arch.summary()} {durations[-1]:.1f} s (BLEU {m['bleu']:.2f}, latency {m['latency_ms']:.1f} ms)")
-    if not durations:
-        return
     per_sentence = statistics.median(durations) / args.valid
     n_valid = len(data.valid_text()[0])
     print(f"inherited-weight evaluations per hour ({torch.get_num_threads()} thread(s), beam {spec.search.beam_size}): "

@@ -50,7 +50,7 @@ def sweep(file: Path = typer.Argument(..., help="Sweep YAML (search_spaces/*.yam
 
     try:
         result = run_sweep(spec, file, address=address)
-    except (SpecError, DataError) as e:
+    except (SpecError, DataError, ValueError) as e:
         _fail(str(e))
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)

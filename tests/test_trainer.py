@@ -73,3 +73,13 @@ def test_checkpoint_file_is_replaced_atomically(prepared, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ckpt["state"]["step"] == 4
+
+
+def test_a_supernet_of_another_configuration_is_refused_and_kept(prepared, tmp_path):
+    raw, data = prepared
+    train_supernet(_spec(raw, steps=2), data, tmp_path, progress=False)
+    before = (tmp_path / "supernet.safetensors").read_bytes()
+    wider = parse_spec({**raw, "supernet": {**raw["supernet"], "ffn_width": 128}})
+    with pytest.raises(ValueError, match="another configuration"):
+        train_supernet(wider, data, tmp_path, progress=False)
+    assert (tmp_path / "supernet.safetensors").read_bytes() == before

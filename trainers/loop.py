@@ -33,7 +33,8 @@ from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr"]
+__all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
+           "check_fingerprint"]
 
 Report = Callable[[dict[str, float]], None]
 CHECKPOINT = "checkpoint.pt"
@@ -106,6 +107,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     rng = random.Random(tr.seed)
     state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}}
     ckpt_path = out_dir / CHECKPOINT
+    fingerprint = supernet_fingerprint(spec, data)
+    check_fingerprint(out_dir, fingerprint)
     if ckpt_path.is_file():
         ckpt = torch.load(ckpt_path, weights_only=True)
         model.load_state_dict(ckpt["model"])
@@ -116,6 +119,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         state = ckpt["state"]
     if state["step"] >= tr.steps and (out_dir / "metrics.json").is_file():
         return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+    atomic_write_text(out_dir / "fingerprint.json", fingerprint)
 
     def checkpoint() -> None:
         _save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -178,6 +183,28 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     if report:
         report({**state["final"], "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+
+FORMAT_VERSION = 3
+"""Bumped whenever the supernet's parameter layout changes (old checkpoints then fail the fingerprint)."""
+
+
+def supernet_fingerprint(spec: SweepSpec, data: PreparedData) -> str:
+    """JSON identifying what a supernet checkpoint is: the model config, the tokenized data and the code's format.
+
+    Steps, logging and checkpoint intervals are left out, so training can be extended.
+    """
+    config = build_supernet(spec, data.vocab_size).config()
+    return json.dumps({"format": FORMAT_VERSION, "model": config, "data": Path(data.root).name}, sort_keys=True)
+
+
+def check_fingerprint(out_dir: Path, fingerprint: str) -> None:
+    """Raise ValueError when ``out_dir`` holds a supernet of another configuration (nothing is overwritten)."""
+    stored = out_dir / "fingerprint.json"
+    has_files = (out_dir / CHECKPOINT).is_file() or (out_dir / f"{SUPERNET}.safetensors").is_file()
+    if has_files and (not stored.is_file() or stored.read_text() != fingerprint):
+        raise ValueError(f"{out_dir} holds a supernet trained with another configuration or an older nas version; "
+                         f"delete that folder or set another `workdir`/`name` in the YAML")
 
 
 def _as_tuple(x: Any) -> Any:

@@ -26,6 +26,7 @@ from nas.search.callbacks import MlflowTrialCallback
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.space import SearchSpace
 from nas.space.spec import SearchSpec, SpecError, SweepSpec
+from trainers import check_fingerprint, supernet_fingerprint
 
 __all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "make_sampler"]
 
@@ -99,6 +100,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
     sweep_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = spec.run_dir.resolve()
     supernet_dir = run_dir / "supernet"
+    check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
     started_ray = _init_ray(spec, address)
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
