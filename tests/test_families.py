@@ -38,33 +38,33 @@ def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
     def fuse(fusion, x, ys):
         if n_paths == 1:
             return x + ys[0]
-        normed = [fusion.alpha[p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[p], fusion.pathnorm_bias[p])
+        normed = [fusion.alpha[0, p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[0, p], fusion.pathnorm_bias[0, p])
                   for p, y in enumerate(ys)]
-        return fusion.beta * x + sum(normed)
+        return fusion.beta[0] * x + sum(normed)
 
     ys = []
     for p in range(n_paths):
-        h = F.layer_norm(x, (C,), layer.attn_paths.ln_weight[p], layer.attn_paths.ln_bias[p])
+        h = F.layer_norm(x, (C,), layer.attn_paths.ln_weight[0, p], layer.attn_paths.ln_bias[0, p])
         total = 0
         for i in range(nb):
             beta_i = 1.0 if keep is None else keep[p, :, i][:, None, None]  # MAT eq. 5
-            total = total + beta_i * _attention(h, a.w_in[p, i, :, :width], a.b_in[p, i, :, :width],
-                                                a.w_out[p, i, :, :width], a.b_out[p, i], H, key_pad)
+            total = total + beta_i * _attention(h, a.w_in[0, p, i, :, :width], a.b_in[0, p, i, :, :width],
+                                                a.w_out[0, p, i, :, :width], a.b_out[0, p, i], H, key_pad)
         ys.append(total / nb)  # MAT eq. 4/6
     x = fuse(layer.attn_paths, x, ys)
     ys = []
     for p in range(n_paths):
-        h = F.layer_norm(x, (C,), layer.ffn_paths.ln_weight[p], layer.ffn_paths.ln_bias[p])
-        y = F.relu(h @ f.w1[p, :ffn].T + f.b1[p, :ffn]) @ f.w2[p, :, :ffn].T + f.b2[p]
+        h = F.layer_norm(x, (C,), layer.ffn_paths.ln_weight[0, p], layer.ffn_paths.ln_bias[0, p])
+        y = F.relu(h @ f.w1[0, p, :ffn].T + f.b1[0, p, :ffn]) @ f.w2[0, p, :, :ffn].T + f.b2[0, p]
         ys.append(y)
     if n_paths == 1:
         return x + (ys[0] if keep is None else keep[0, :, nb][:, None, None] * ys[0])  # MAT eq. 7
     fusion = layer.ffn_paths
-    normed = [fusion.alpha[p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[p], fusion.pathnorm_bias[p])
+    normed = [fusion.alpha[0, p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[0, p], fusion.pathnorm_bias[0, p])
               for p, y in enumerate(ys)]
     if keep is not None:
         normed = [keep[p, :, nb][:, None, None] * y for p, y in enumerate(normed)]
-    return fusion.beta * x + sum(normed)
+    return fusion.beta[0] * x + sum(normed)
 
 
 def _layer(max_paths=3, max_branches=3, seed=0):
@@ -106,10 +106,10 @@ def test_encoder_layer_matches_loop_transcription_in_training_with_fixed_drop_br
 
 def test_path_weights_start_at_paper_values():
     layer = _layer(max_paths=4)
-    assert torch.allclose(EncoderLayer(C, H, C, 24, 1, max_paths=4).attn_paths.alpha, torch.full((4,), 1 / math.sqrt(8)))
-    assert EncoderLayer(C, H, C, 24, 1, max_paths=4).ffn_paths.beta.item() == 1.0
+    assert torch.allclose(EncoderLayer(C, H, C, 24, 1, max_paths=4).attn_paths.alpha, torch.full((1, 4), 1 / math.sqrt(8)))
+    assert EncoderLayer(C, H, C, 24, 1, max_paths=4).ffn_paths.beta[0].item() == 1.0
     assert not hasattr(EncoderLayer(C, H, C, 24, 1, max_paths=1).attn_paths, "alpha")  # one path: plain residual
-    assert layer.attn_paths.ln_weight.shape == (4, C)
+    assert layer.attn_paths.ln_weight.shape == (1, 4, C)
 
 
 def test_evaluation_is_deterministic_with_drop_branch_set():
@@ -130,15 +130,15 @@ def test_more_features_add_the_averages_of_n_minus_1_paths(n_paths):
         for p in fusion.parameters():
             p.add_(0.1 * torch.randn_like(p))
     x, ys = torch.randn(2, 3, C), torch.randn(n_paths, 2, 3, C)
-    expected = fusion.beta * x
+    expected = fusion.beta[0] * x
     for i in range(n_paths):
-        expected = expected + fusion.alpha[i] * F.layer_norm(ys[i], (C,), fusion.pathnorm_weight[i], fusion.pathnorm_bias[i])
+        expected = expected + fusion.alpha[0, i] * F.layer_norm(ys[i], (C,), fusion.pathnorm_weight[0, i], fusion.pathnorm_bias[0, i])
         others = [ys[k] for k in range(n_paths) if k != i]
         new = sum(others) / len(others)
-        expected = expected + fusion.new_alpha[i] * F.layer_norm(new, (C,), fusion.new_pathnorm_weight[i],
-                                                                  fusion.new_pathnorm_bias[i])
+        expected = expected + fusion.new_alpha[0, i] * F.layer_norm(new, (C,), fusion.new_pathnorm_weight[0, i],
+                                                                  fusion.new_pathnorm_bias[0, i])
     with torch.no_grad():
-        assert (fusion.fuse(x, ys) - expected).abs().max().item() <= 1e-5
+        assert (fusion.fuse(x[None], ys)[0] - expected).abs().max().item() <= 1e-5
 
 
 def test_two_paths_generate_no_new_features():
@@ -148,7 +148,7 @@ def test_two_paths_generate_no_new_features():
     plain = PathFusion(C, max_paths=4, more_features=False)
     plain.load_state_dict({k: v for k, v in fusion.state_dict().items() if not k.startswith("new_")})
     x, ys = torch.randn(2, 3, C), torch.randn(2, 2, 3, C)
-    assert torch.equal(fusion.fuse(x, ys), plain.fuse(x, ys))
+    assert torch.equal(fusion.fuse(x[None], ys), plain.fuse(x[None], ys))
 
 
 # ---- Prime (Unified Transformer) -------------------------------------------------------------------
@@ -159,28 +159,28 @@ def _reference_dynamic_conv(conv, x, v, kernels, causal, pad=None):
     if pad is not None:
         v = v.masked_fill(pad[..., None], 0.0)
     bsz, t, width = v.shape
-    gates = torch.softmax(torch.stack([conv.gate[str(k)] for k in kernels]), 0)  # eq. 7
+    gates = torch.softmax(torch.stack([conv.gate[str(k)][0] for k in kernels]), 0)  # eq. 7
     out = torch.zeros(bsz, t, width)
     for g, k in zip(gates, kernels):
-        w = torch.softmax(x @ conv.gen_weight[str(k)].T + conv.gen_bias[str(k)], -1)  # eq. 6, [b, t, k]
+        w = torch.softmax(x @ conv.gen_weight[str(k)][0].T + conv.gen_bias[str(k)][0], -1)  # eq. 6, [b, t, k]
         for i in range(t):
             for j in range(k):  # tap j reads position i + j - ceil((k+1)/2) + 1 (centred) or i - k + 1 + j (causal)
                 pos = i - (k - 1) + j if causal else i + j - (k - 1) // 2
                 if 0 <= pos < t:
                     out[:, i] += g * w[:, i, j, None] * v[:, pos]
-    return out @ conv.w_out[:, :width].T + conv.b_out
+    return out @ conv.w_out[0, :, :width].T + conv.b_out[0]
 
 
 def _reference_prime_encoder_layer(layer, x, dims, pad):
     """LN(x + Attn(x) + Conv_K(x) + FFN(x)) (Unified Transformer eq. 4) with Shared Projection (Fig. 6)."""
     a, f = layer.attn, layer.ffn
-    attn = sum(_attention(x, a.w_in[0, i, :, :dims.width], a.b_in[0, i, :, :dims.width], a.w_out[0, i, :, :dims.width],
-                          a.b_out[0, i], H, pad) for i in range(dims.branches)) / dims.branches
-    total = x + attn + F.relu(x @ f.w1[0, :dims.ffn_width].T + f.b1[0, :dims.ffn_width]) @ f.w2[0, :, :dims.ffn_width].T + f.b2[0]
+    attn = sum(_attention(x, a.w_in[0, 0, i, :, :dims.width], a.b_in[0, 0, i, :, :dims.width], a.w_out[0, 0, i, :, :dims.width],
+                          a.b_out[0, 0, i], H, pad) for i in range(dims.branches)) / dims.branches
+    total = x + attn + F.relu(x @ f.w1[0, 0, :dims.ffn_width].T + f.b1[0, 0, :dims.ffn_width]) @ f.w2[0, 0, :, :dims.ffn_width].T + f.b2[0, 0]
     if dims.kernels:
-        v = x @ a.w_in[0, 0, 2, :dims.width].T + a.b_in[0, 0, 2, :dims.width]  # V_C = V_A
+        v = x @ a.w_in[0, 0, 0, 2, :dims.width].T + a.b_in[0, 0, 0, 2, :dims.width]  # V_C = V_A
         total = total + _reference_dynamic_conv(layer.conv, x, v, dims.kernels, causal=False, pad=pad)
-    return F.layer_norm(total, (C,), layer.prime_norm.weight, layer.prime_norm.bias)
+    return F.layer_norm(total, (C,), layer.prime_norm_weight[0], layer.prime_norm_bias[0])
 
 
 def _prime_layer(seed=0):
@@ -219,11 +219,11 @@ def test_causal_dynamic_conv_matches_loop_transcription_and_ignores_the_future()
         conv.gate["3"].fill_(0.7)
     x, v = torch.randn(2, 6, C), torch.randn(2, 6, 8)
     with torch.no_grad():
-        got = conv(x, v, (3, 5))
+        got = conv(x[None], v[None], (3, 5))[0]
         assert (got - _reference_dynamic_conv(conv, x, v, (3, 5), causal=True)).abs().max().item() <= 1e-5
         v2 = v.clone()
         v2[:, 4:] += 1.0  # change the future: outputs up to position 3 must not move
-        assert torch.allclose(conv(x, v2, (3, 5))[:, :4], got[:, :4], atol=1e-6)
+        assert torch.allclose(conv(x[None], v2[None], (3, 5))[0, :, :4], got[:, :4], atol=1e-6)
 
 
 def test_a_layout_the_layer_was_not_built_for_is_refused():

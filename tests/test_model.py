@@ -51,17 +51,17 @@ def _sinusoid(n, d):
 def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer) -> None:
     """Copy path 0, branch 0 of every supernet layer into torch.nn.Transformer's parameters."""
     def mha(dst: nn.MultiheadAttention, src):
-        dst.in_proj_weight.copy_(src.w_in[0, 0].reshape(3 * C, C))
-        dst.in_proj_bias.copy_(src.b_in[0, 0].reshape(-1))
-        dst.out_proj.weight.copy_(src.w_out[0, 0])
-        dst.out_proj.bias.copy_(src.b_out[0, 0])
+        dst.in_proj_weight.copy_(src.w_in[0, 0, 0].reshape(3 * C, C))
+        dst.in_proj_bias.copy_(src.b_in[0, 0, 0].reshape(-1))
+        dst.out_proj.weight.copy_(src.w_out[0, 0, 0])
+        dst.out_proj.bias.copy_(src.b_out[0, 0, 0])
 
     def ffn(dst, src):
-        dst.linear1.weight.copy_(src.w1[0]); dst.linear1.bias.copy_(src.b1[0])
-        dst.linear2.weight.copy_(src.w2[0]); dst.linear2.bias.copy_(src.b2[0])
+        dst.linear1.weight.copy_(src.w1[0, 0]); dst.linear1.bias.copy_(src.b1[0, 0])
+        dst.linear2.weight.copy_(src.w2[0, 0]); dst.linear2.bias.copy_(src.b2[0, 0])
 
     def norm(dst: nn.LayerNorm, src):
-        dst.weight.copy_(src.ln_weight[0]); dst.bias.copy_(src.ln_bias[0])
+        dst.weight.copy_(src.ln_weight[0, 0]); dst.bias.copy_(src.ln_bias[0, 0])
 
     with torch.no_grad():
         for r, m in zip(ref.encoder.layers, model.encoder):
@@ -101,8 +101,8 @@ def test_multi_branch_equals_average_of_single_branch_attentions():
     for i in range(2):
         mha = nn.MultiheadAttention(C, H, batch_first=True).eval()
         with torch.no_grad():
-            mha.in_proj_weight.copy_(attn.w_in[0, i].reshape(3 * C, C)); mha.in_proj_bias.copy_(attn.b_in[0, i].reshape(-1))
-            mha.out_proj.weight.copy_(attn.w_out[0, i]); mha.out_proj.bias.copy_(attn.b_out[0, i])
+            mha.in_proj_weight.copy_(attn.w_in[0, 0, i].reshape(3 * C, C)); mha.in_proj_bias.copy_(attn.b_in[0, 0, i].reshape(-1))
+            mha.out_proj.weight.copy_(attn.w_out[0, 0, i]); mha.out_proj.bias.copy_(attn.b_out[0, 0, i])
         refs.append(mha(x, x, x, need_weights=False)[0])
     with torch.no_grad():
         got = attn(x[None], width=C, branches=2)[0]
@@ -129,14 +129,14 @@ def test_extract_holds_only_cropped_weights():
     model = SuperTransformer(V, C, H, maxima)
     arch = Arch(StackArch((8,), (12,), (2,), (), ("prime",), ((3, 7),)), StackArch((4, 16), (32, 8), (1, 3)))
     sub = extract(model, arch)
-    assert sub.encoder[0].attn.w_in.shape == (1, 2, 3, 8, C)
-    assert sub.encoder[0].ffn.w1.shape == (1, 12, C)
-    assert sub.decoder[1].cross_attn.w_out.shape == (1, 3, C, 16)
-    assert torch.equal(sub.decoder[0].ffn.w2, model.decoder[0].ffn.w2[:1, :, :32])
-    assert torch.equal(sub.encoder[0].attn.w_in, model.encoder[0].attn.w_in[:1, :2, :, :8])
+    assert sub.encoder[0].attn.w_in.shape == (1, 1, 2, 3, 8, C)
+    assert sub.encoder[0].ffn.w1.shape == (1, 1, 12, C)
+    assert sub.decoder[1].cross_attn.w_out.shape == (1, 1, 3, C, 16)
+    assert torch.equal(sub.decoder[0].ffn.w2, model.decoder[0].ffn.w2[:1, :1, :, :32])
+    assert torch.equal(sub.encoder[0].attn.w_in, model.encoder[0].attn.w_in[:1, :1, :2, :, :8])
     assert sorted(sub.encoder[0].conv.gen_weight) == ["3", "7"]  # only the chosen kernel cells
-    assert not hasattr(sub.encoder[0], "attn_paths") and not hasattr(sub.decoder[0], "prime_norm")
-    assert torch.equal(sub.encoder[0].conv.w_out, model.encoder[0].conv.w_out[:, :8])
+    assert not hasattr(sub.encoder[0], "attn_paths") and not hasattr(sub.decoder[0], "prime_norm_weight")
+    assert torch.equal(sub.encoder[0].conv.w_out, model.encoder[0].conv.w_out[:, :, :8])
 
 
 def test_arch_beyond_maxima_is_refused_with_the_choice_named():

@@ -130,11 +130,14 @@ def test_describe_lists_each_dimension_with_its_scope():
         ("encoder.layers", "[1, 2, 3]", "per stack"),
         ("decoder.layers", "[1, 2]", "per stack"),
         ("layout", "['sequential']", "per stack"),
+        ("units", "[1]", "per stack"),
         ("width", "[8, 16, 32]", "per layer"),
         ("ffn_width", "[16, 64]", "per stack"),
         ("branches", "[1, 2, 3]", "per layer"),
         ("paths", "[1]", "per stack"),
         ("kernels", "[[]]", "per stack"),
+        ("unit_bias", "['identity']", "per stack"),
+        ("unit_dependency", "['independent']", "per stack"),
     ]
 
 
@@ -208,9 +211,11 @@ ARCH = Arch(
 def test_arch_round_trips_through_dict():
     d = ARCH.to_dict()
     assert d == {"encoder": {"width": [64, 32], "ffn_width": [256, 128], "branches": [2, 1], "paths": [1, 1],
-                             "layout": ["sequential", "sequential"], "kernels": [[], []]},
+                             "layout": ["sequential", "sequential"], "kernels": [[], []], "units": [1, 1],
+                             "unit_bias": ["identity", "identity"], "unit_dependency": ["independent", "independent"]},
                  "decoder": {"width": [64], "ffn_width": [128], "branches": [1], "paths": [1],
-                             "layout": ["sequential"], "kernels": [[]]}}
+                             "layout": ["sequential"], "kernels": [[]], "units": [1], "unit_bias": ["identity"],
+                             "unit_dependency": ["independent"]}}
     assert Arch.from_dict(d) == ARCH
 
 

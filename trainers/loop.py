@@ -56,7 +56,8 @@ def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
     maxima = SearchSpace.from_spec(spec).supernet_maxima(spec)
     return SuperTransformer(vocab_size, sn.model_dim, sn.heads, maxima, dropout=sn.dropout,
                             attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
-                            max_positions=sn.max_positions, more_features=sn.more_features)
+                            max_positions=sn.max_positions, more_features=sn.more_features,
+                            unit_bias_rate=spec.train.unit_bias_rate)
 
 
 def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
@@ -142,12 +143,16 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                     with autocast:
                         logits = model(batch.src, batch.tgt_in, arch)
                     loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
-                    (loss / batch.ntokens).backward()
+                    objective = loss / batch.ntokens
+                    if i == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k, once per step
+                        objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
+                    objective.backward()
                     if i == 0:
                         window["loss"] += float(loss.detach()) / batch.ntokens
                         window["nll"] += float(nll.detach()) / batch.ntokens
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
                 optimizer.step()
+                model.renormalize_autoshuffle_()  # MUTE eq. 17-18
                 scheduler.step()
                 state["step"] += 1
                 state["position"] += 1

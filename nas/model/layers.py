@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from nas.space.arch import LayerArch
+from nas.space.arch import DEPENDENCIES, UNIT_BIASES, LayerArch
 
 __all__ = ["MultiBranchAttention", "ElasticFFN", "PathFusion", "DynamicConv", "EncoderLayer", "DecoderLayer",
+           "apply_unit_bias", "unit_bias_kinds", "doubly_normalize", "permutation_penalty", "UNIT_BIASES", "DEPENDENCIES",
            "sinusoidal_positions", "drop_mask", "path_project"]
 
 Cache = dict[str, torch.Tensor]
@@ -91,16 +92,17 @@ class MultiBranchAttention(nn.Module):
     """
 
     def __init__(self, model_dim: int, max_width: int, max_branches: int, heads: int, dropout: float = 0.0,
-                 max_paths: int = 1) -> None:
+                 max_paths: int = 1, max_units: int = 1) -> None:
         super().__init__()
         if max_width % heads:
             raise ValueError(f"attention width {max_width} is not divisible by heads={heads}")
         self.model_dim, self.max_width, self.max_branches, self.heads = model_dim, max_width, max_branches, heads
         self.dropout = dropout
-        self.w_in = nn.Parameter(torch.empty(max_paths, max_branches, 3, max_width, model_dim))
-        self.b_in = nn.Parameter(torch.zeros(max_paths, max_branches, 3, max_width))
-        self.w_out = nn.Parameter(torch.empty(max_paths, max_branches, model_dim, max_width))
-        self.b_out = nn.Parameter(torch.zeros(max_paths, max_branches, model_dim))
+        lead = (max_units, max_paths)  # MUTE units, Multi-Path paths
+        self.w_in = nn.Parameter(torch.empty(*lead, max_branches, 3, max_width, model_dim))
+        self.b_in = nn.Parameter(torch.zeros(*lead, max_branches, 3, max_width))
+        self.w_out = nn.Parameter(torch.empty(*lead, max_branches, model_dim, max_width))
+        self.b_out = nn.Parameter(torch.zeros(*lead, max_branches, model_dim))
         bound_in = math.sqrt(6.0 / (model_dim + 3 * max_width))  # xavier over the fused [3D, C] matrix
         nn.init.uniform_(self.w_in, -bound_in, bound_in)
         nn.init.uniform_(self.w_out, -1.0 / math.sqrt(max_width), 1.0 / math.sqrt(max_width))
@@ -117,11 +119,12 @@ class MultiBranchAttention(nn.Module):
         branch_scale: torch.Tensor | None = None,
         cache: Cache | None = None,
         values: list | None = None,
+        units: int = 1,
     ) -> torch.Tensor:
         """Attend each path's queries to themselves (``memory=None``) or to ``memory``.
 
         Args:
-            xs: per-path queries ``[P, b, t, C]`` (P paths are used).
+            xs: queries of every (unit, path) group ``[G, b, t, C]``, G = units * paths, unit-major.
             width: attention width D_l (channels, divisible by heads).
             branches: number of branches B_l.
             memory: keys/values source ``[b, s, C]`` for cross-attention (shared by all paths).
@@ -130,19 +133,21 @@ class MultiBranchAttention(nn.Module):
             branch_scale: drop-branch keep mask ``[P, b, B_l]`` (MAT eq. 5), or None.
             cache: incremental decoding state, updated in place: self-attention appends
                 ``k``/``v`` ``[P, b, B_l*h, t_so_far, d_h]``; cross-attention stores ``ck``/``cv`` once.
-            values: if given (self-attention), receives the value projection of path 0,
-                branch 0, ``[b, t, D_l]``: Prime's Shared Projection ``V_C = V_A`` (Fig. 6).
+            values: if given (self-attention), receives the value projection of branch 0 of
+                every group, ``[G, b, t, D_l]``: Prime's Shared Projection ``V_C = V_A`` (Fig. 6).
+            units: number of MUTE units U (the groups are U units x P paths).
         Returns:
-            ``[P, b, t, C]``: per path ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
+            ``[G, b, t, C]``: per group ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
         """
-        n_paths, bsz, t, c = xs.shape
+        n_paths, bsz, t, c = xs.shape  # n_paths counts groups (units x paths) from here on
         nb = branches
-        w_in, b_in = self.w_in[:n_paths, :nb, :, :width], self.b_in[:n_paths, :nb, :, :width]  # [P, B, 3, D, C]
+        crop = lambda p, *rest: p[:units, : n_paths // units][(slice(None), slice(None), *rest)].flatten(0, 1)
+        w_in, b_in = crop(self.w_in, slice(nb), slice(None), slice(width)), crop(self.b_in, slice(nb), slice(None), slice(width))
         if memory is None:
             qkv = path_project(xs, w_in.reshape(n_paths, nb * 3 * width, c), b_in.reshape(n_paths, -1))
             q, k, v = qkv.view(n_paths, bsz, t, nb, 3, width).unbind(4)  # each [P, b, t, B, D]
             if values is not None:
-                values.append(v[0, :, :, 0])  # [b, t, D]
+                values.append(v[:, :, :, 0])  # [G, b, t, D]
             k, v = self._heads(k), self._heads(v)  # [P, b, B*h, t, dh]
             if cache is not None:
                 if "k" in cache:
@@ -169,13 +174,14 @@ class MultiBranchAttention(nn.Module):
                 dropout_p=self.dropout if self.training else 0.0,
             )  # [P, b, B*h, t, dh]
         o = o.transpose(2, 3).reshape(n_paths, bsz, t, nb, width)  # [P, b, t, B, D]
-        w_out = self.w_out[:n_paths, :nb, :, :width].permute(0, 2, 1, 3).reshape(n_paths, c, nb * width)  # [P, C, B*D]
+        w_out = crop(self.w_out, slice(nb), slice(None), slice(width)).permute(0, 2, 1, 3).reshape(n_paths, c, nb * width)  # [G, C, B*D]
+        b_out = crop(self.b_out, slice(nb))  # [G, B, C]
         if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
             w_out = w_out if nb == 1 else w_out / nb
-            return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, self.b_out[:n_paths, :nb].mean(1))
-        scale = branch_scale / nb  # [P, b, B]
+            return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, b_out.mean(1))
+        scale = branch_scale / nb  # [G, b, B]
         o = o * scale[:, :, None, :, None].to(o.dtype)
-        b_out = torch.einsum("pbk,pkc->pbc", scale, self.b_out[:n_paths, :nb])[:, :, None, :]  # [P, b, 1, C]
+        b_out = torch.einsum("pbk,pkc->pbc", scale, b_out)[:, :, None, :]  # [G, b, 1, C]
         return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, None) + b_out
 
     def _heads(self, z: torch.Tensor) -> torch.Tensor:
@@ -185,82 +191,94 @@ class MultiBranchAttention(nn.Module):
 
 
 class ElasticFFN(nn.Module):
-    """Position-wise FFN ``ReLU(x W1^T + b1) W2^T + b2`` (Scalable Transformers eq. 2) per path.
+    """Position-wise FFN ``ReLU(x W1^T + b1) W2^T + b2`` (Scalable Transformers eq. 2) per (unit, path) group.
 
-    ``w1 [P, F, C]`` and ``w2 [P, C, F]``; a call with ``ffn_width=F_l`` on P paths uses
-    ``w1[:P, :F_l]`` and ``w2[:P, :, :F_l]``.
+    ``w1 [U, P, F, C]`` and ``w2 [U, P, C, F]``; a call on U units x P paths with ``ffn_width=F_l``
+    uses ``w1[:U, :P, :F_l]`` and ``w2[:U, :P, :, :F_l]``.
     """
 
-    def __init__(self, model_dim: int, max_ffn_width: int, dropout: float = 0.0, max_paths: int = 1) -> None:
+    def __init__(self, model_dim: int, max_ffn_width: int, dropout: float = 0.0, max_paths: int = 1,
+                 max_units: int = 1) -> None:
         super().__init__()
-        self.w1 = nn.Parameter(torch.empty(max_paths, max_ffn_width, model_dim))
-        self.b1 = nn.Parameter(torch.zeros(max_paths, max_ffn_width))
-        self.w2 = nn.Parameter(torch.empty(max_paths, model_dim, max_ffn_width))
-        self.b2 = nn.Parameter(torch.zeros(max_paths, model_dim))
-        for p in range(max_paths):
-            nn.init.xavier_uniform_(self.w1.data[p])
-            nn.init.xavier_uniform_(self.w2.data[p])
+        lead = (max_units, max_paths)
+        self.w1 = nn.Parameter(torch.empty(*lead, max_ffn_width, model_dim))
+        self.b1 = nn.Parameter(torch.zeros(*lead, max_ffn_width))
+        self.w2 = nn.Parameter(torch.empty(*lead, model_dim, max_ffn_width))
+        self.b2 = nn.Parameter(torch.zeros(*lead, model_dim))
+        for w in (self.w1, self.w2):
+            for group in w.data.flatten(0, 1):
+                nn.init.xavier_uniform_(group)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, xs: torch.Tensor, ffn_width: int) -> torch.Tensor:
-        """``[P, b, t, C] -> [P, b, t, C]``."""
-        n_paths = xs.size(0)
-        hidden = F.relu(path_project(xs, self.w1[:n_paths, :ffn_width], self.b1[:n_paths, :ffn_width]))  # [P, b, t, F_l]
-        return path_project(self.dropout(hidden), self.w2[:n_paths, :, :ffn_width], self.b2[:n_paths])
+    def forward(self, xs: torch.Tensor, ffn_width: int, units: int = 1) -> torch.Tensor:
+        """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major)."""
+        u, p = units, xs.size(0) // units
+        w1, b1 = self.w1[:u, :p, :ffn_width].flatten(0, 1), self.b1[:u, :p, :ffn_width].flatten(0, 1)
+        w2, b2 = self.w2[:u, :p, :, :ffn_width].flatten(0, 1), self.b2[:u, :p].flatten(0, 1)
+        hidden = F.relu(path_project(xs, w1, b1))  # [G, b, t, F_l]
+        return path_project(self.dropout(hidden), w2, b2)
 
 
 class PathFusion(nn.Module):
-    """The pre-norm wrapper of one sublayer with ``P`` paths (Multi-Path Transformer eq. 4-7).
+    """The pre-norm wrapper of one sublayer with ``P`` paths, for each of ``U`` units (Multi-Path eq. 4-7).
 
-    ``paths_in(x)`` gives each path its own layer norm ``LN_i(x)`` as ``[P, b, t, C]``;
-    ``fuse(x, ys)`` returns ``beta * x + sum_i alpha_i * PathNorm_i(ys_i)``, with alpha
-    initialised to ``1/sqrt(2 n)`` (n = the most paths) and beta to 1 (sec. 3.3). With
+    ``paths_in(x)`` gives each path of each unit its own layer norm ``LN_i(x_u)``;
+    ``fuse(x, ys)`` returns, per unit, ``beta * x + sum_i alpha_i * PathNorm_i(ys_i)``, with
+    alpha initialised to ``1/sqrt(2 n)`` (n = the most paths) and beta to 1 (sec. 3.3). With
     ``more_features`` and ``P >= 3``, the ``P`` averages of ``P - 1`` paths (eq. 7, sec. 3.2)
     are added too, each with its own PathNorm and weight. With one path there is no PathNorm
     and no weighting: ``x + ys_0``, the plain pre-norm residual.
     """
 
-    def __init__(self, model_dim: int, max_paths: int = 1, more_features: bool = False) -> None:
+    def __init__(self, model_dim: int, max_paths: int = 1, more_features: bool = False, max_units: int = 1) -> None:
         super().__init__()
         self.model_dim = model_dim
-        self.ln_weight = nn.Parameter(torch.ones(max_paths, model_dim))
-        self.ln_bias = nn.Parameter(torch.zeros(max_paths, model_dim))
+        lead = (max_units, max_paths)
+        self.ln_weight = nn.Parameter(torch.ones(*lead, model_dim))
+        self.ln_bias = nn.Parameter(torch.zeros(*lead, model_dim))
         if max_paths > 1:
-            self.pathnorm_weight = nn.Parameter(torch.ones(max_paths, model_dim))
-            self.pathnorm_bias = nn.Parameter(torch.zeros(max_paths, model_dim))
-            self.alpha = nn.Parameter(torch.full((max_paths,), 1.0 / math.sqrt(2 * max_paths)))
-            self.beta = nn.Parameter(torch.ones(()))
+            self.pathnorm_weight = nn.Parameter(torch.ones(*lead, model_dim))
+            self.pathnorm_bias = nn.Parameter(torch.zeros(*lead, model_dim))
+            self.alpha = nn.Parameter(torch.full(lead, 1.0 / math.sqrt(2 * max_paths)))
+            self.beta = nn.Parameter(torch.ones(max_units))
         self.more_features = more_features and max_paths >= 3
         if self.more_features:  # the new features' own PathNorms and weights (sec. 3.2)
-            self.new_pathnorm_weight = nn.Parameter(torch.ones(max_paths, model_dim))
-            self.new_pathnorm_bias = nn.Parameter(torch.zeros(max_paths, model_dim))
-            self.new_alpha = nn.Parameter(torch.full((max_paths,), 1.0 / math.sqrt(2 * max_paths)))
+            self.new_pathnorm_weight = nn.Parameter(torch.ones(*lead, model_dim))
+            self.new_pathnorm_bias = nn.Parameter(torch.zeros(*lead, model_dim))
+            self.new_alpha = nn.Parameter(torch.full(lead, 1.0 / math.sqrt(2 * max_paths)))
 
     def paths_in(self, x: torch.Tensor, n_paths: int) -> torch.Tensor:
-        """``x [b, t, C]`` -> ``[P, b, t, C]``: ``LN_i(x)`` for the first ``n_paths`` paths (eq. 5)."""
-        c = self.model_dim
-        if n_paths == 1:
-            return F.layer_norm(x, (c,), self.ln_weight[0], self.ln_bias[0]).unsqueeze(0)
-        return F.layer_norm(x, (c,)).unsqueeze(0) * self.ln_weight[:n_paths, None, None] + self.ln_bias[:n_paths, None, None]
+        """``x [U, b, t, C]`` (per-unit streams) -> ``[U*P, b, t, C]``: ``LN_{u,i}(x_u)`` (eq. 5)."""
+        units, c = x.size(0), self.model_dim
+        if n_paths == 1 and units == 1:
+            return F.layer_norm(x, (c,), self.ln_weight[0, 0], self.ln_bias[0, 0])
+        w, b = self.ln_weight[:units, :n_paths], self.ln_bias[:units, :n_paths]  # [U, P, C]
+        normed = F.layer_norm(x, (c,)).unsqueeze(1) * w[:, :, None, None] + b[:, :, None, None]  # [U, P, b, t, C]
+        return normed.flatten(0, 1)
 
     def fuse(self, x: torch.Tensor, ys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [b, t, C]``, path outputs ``ys [P, b, t, C]``, optional drop mask ``keep [P, b]`` -> ``[b, t, C]``."""
-        n_paths = ys.size(0)
-        if n_paths == 1:
-            return x + (ys[0] if keep is None else ys[0] * keep[0, :, None, None].to(ys.dtype))
-        weight, bias, alpha = self.pathnorm_weight[:n_paths], self.pathnorm_bias[:n_paths], self.alpha[:n_paths]
-        if self.more_features and n_paths >= 3:
-            new = (ys.sum(0, keepdim=True) - ys) / (n_paths - 1)  # AVG over the other n-1 paths (eq. 7)
-            ys = torch.cat([ys, new])  # [2P, b, t, C]: raw features, then new features
-            weight = torch.cat([weight, self.new_pathnorm_weight[:n_paths]])
-            bias = torch.cat([bias, self.new_pathnorm_bias[:n_paths]])
-            alpha = torch.cat([alpha, self.new_alpha[:n_paths]])
-            keep = None if keep is None else keep.repeat(2, 1)
-        ys = F.layer_norm(ys, (self.model_dim,)) * weight[:, None, None] + bias[:, None, None]  # PathNorm
-        ys = ys * alpha[:, None, None, None]
+        """``x [U, b, t, C]``, outputs ``ys [U*P, b, t, C]``, optional drop mask ``keep [U*P, b]`` -> ``[U, b, t, C]``."""
+        units = x.size(0)
+        n_paths = ys.size(0) // units
         if keep is not None:
-            ys = ys * keep[:, :, None, None].to(ys.dtype)
-        return self.beta * x + ys.sum(0)
+            keep = keep[:, :, None, None].to(ys.dtype)
+        if n_paths == 1:
+            return x + (ys if keep is None else ys * keep)
+        ys = ys.view(units, n_paths, *ys.shape[1:])  # [U, P, b, t, C]
+        weight, bias = self.pathnorm_weight[:units, :n_paths], self.pathnorm_bias[:units, :n_paths]
+        alpha = self.alpha[:units, :n_paths]
+        if self.more_features and n_paths >= 3:
+            new = (ys.sum(1, keepdim=True) - ys) / (n_paths - 1)  # AVG over the other n-1 paths (eq. 7)
+            ys = torch.cat([ys, new], 1)  # [U, 2P, b, t, C]: raw features, then new features
+            weight = torch.cat([weight, self.new_pathnorm_weight[:units, :n_paths]], 1)
+            bias = torch.cat([bias, self.new_pathnorm_bias[:units, :n_paths]], 1)
+            alpha = torch.cat([alpha, self.new_alpha[:units, :n_paths]], 1)
+            keep = None if keep is None else keep.view(units, n_paths, *keep.shape[1:]).repeat(1, 2, 1, 1, 1).flatten(0, 1)
+        ys = F.layer_norm(ys, (self.model_dim,)) * weight[:, :, None, None] + bias[:, :, None, None]  # PathNorm
+        ys = ys * alpha[:, :, None, None, None]
+        if keep is not None:
+            ys = ys * keep.view(*ys.shape[:2], *keep.shape[1:])
+        return self.beta[:units, None, None, None] * x + ys.sum(1)
 
 
 class DynamicConv(nn.Module):
@@ -280,153 +298,269 @@ class DynamicConv(nn.Module):
         causal: decoder convolution (taps ``i-k+1 .. i``) instead of centred taps.
     """
 
-    def __init__(self, model_dim: int, max_width: int, kernel_sizes: tuple[int, ...], causal: bool) -> None:
+    def __init__(self, model_dim: int, max_width: int, kernel_sizes: tuple[int, ...], causal: bool,
+                 max_units: int = 1) -> None:
         super().__init__()
         self.causal = causal
-        self.gen_weight = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(k, model_dim)) for k in kernel_sizes})
-        self.gen_bias = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(k)) for k in kernel_sizes})
-        self.gate = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(())) for k in kernel_sizes})
+        self.gen_weight = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(max_units, k, model_dim)) for k in kernel_sizes})
+        self.gen_bias = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(max_units, k)) for k in kernel_sizes})
+        self.gate = nn.ParameterDict({str(k): nn.Parameter(torch.zeros(max_units)) for k in kernel_sizes})
         for k in kernel_sizes:
             nn.init.normal_(self.gen_weight[str(k)], 0.0, model_dim ** -0.5)
-        self.w_out = nn.Parameter(torch.empty(model_dim, max_width))
-        self.b_out = nn.Parameter(torch.zeros(model_dim))
-        nn.init.xavier_uniform_(self.w_out)
+        self.w_out = nn.Parameter(torch.empty(max_units, model_dim, max_width))
+        self.b_out = nn.Parameter(torch.zeros(max_units, model_dim))
+        for group in self.w_out.data:
+            nn.init.xavier_uniform_(group)
 
     def kernel(self, x: torch.Tensor, kernels: tuple[int, ...]) -> torch.Tensor:
-        """The gated, combined dynamic kernel ``[b, t, K]`` (K = the largest chosen size) from ``x [b, t, C]``."""
-        big = max(kernels)
-        gate = torch.softmax(torch.stack([self.gate[str(k)] for k in kernels]), 0)  # eq. 7
-        logits = F.linear(x, torch.cat([self.gen_weight[str(k)] for k in kernels]),
-                          torch.cat([self.gen_bias[str(k)] for k in kernels]))  # [b, t, sum k]: one matmul
-        combined = x.new_zeros(*x.shape[:2], big, dtype=logits.dtype)
+        """The gated, combined dynamic kernel ``[U, b, t, K]`` (K = the largest chosen size) from ``x [U, b, t, C]``."""
+        units, big = x.size(0), max(kernels)
+        gate = torch.softmax(torch.stack([self.gate[str(k)][:units] for k in kernels], -1), -1)  # [U, n] eq. 7
+        logits = path_project(x, torch.cat([self.gen_weight[str(k)][:units] for k in kernels], 1),
+                              torch.cat([self.gen_bias[str(k)][:units] for k in kernels], 1))  # [U, b, t, sum k]
+        combined = x.new_zeros(*x.shape[:3], big, dtype=logits.dtype)
         for i, (k, part) in enumerate(zip(kernels, logits.split(list(kernels), dim=-1))):
             offset = big - k if self.causal else (big - k) // 2  # align the k taps inside the K window
-            combined[..., offset:offset + k] += gate[i] * torch.softmax(part, -1)  # eq. 6
+            combined[..., offset:offset + k] += gate[:, i, None, None, None] * torch.softmax(part, -1)  # eq. 6
         return combined
 
     def forward(self, x: torch.Tensor, v: torch.Tensor, kernels: tuple[int, ...], pad: torch.Tensor | None = None,
                 cache: Cache | None = None) -> torch.Tensor:
-        """``x [b, t, C]`` (kernel input), ``v [b, t, D]`` (values) -> ``[b, t, C]``.
+        """``x [U, b, t, C]`` (kernel input), ``v [U, b, t, D]`` (values) -> ``[U, b, t, C]``.
 
         ``pad [b, t]`` zeroes padded values; ``cache`` (causal, incremental) keeps the last
-        ``K - 1`` values as ``"v" [1, b, K-1, D]``.
+        ``K - 1`` values as ``"v" [U, b, K-1, D]``.
         """
-        big, width = max(kernels), v.size(-1)
+        units, big, width = v.size(0), max(kernels), v.size(-1)
         if pad is not None:
-            v = v.masked_fill(pad[..., None], 0.0)
+            v = v.masked_fill(pad[None, :, :, None], 0.0)
         left = big - 1 if self.causal else (big - 1) // 2
         right = 0 if self.causal else (big - 1) // 2
         if cache is not None:
             past = cache.get("v")
             if past is None:
-                past = v.new_zeros(1, v.size(0), big - 1, width)
-            window = torch.cat([past[0], v], 1)  # [b, K-1+t, D]
-            cache["v"] = window[None, :, window.size(1) - (big - 1):]
-            padded = window
+                past = v.new_zeros(units, v.size(1), big - 1, width)
+            padded = torch.cat([past, v], 2)  # [U, b, K-1+t, D]
+            cache["v"] = padded[:, :, padded.size(2) - (big - 1):]
         else:
-            padded = F.pad(v, (0, 0, left, right))  # [b, left+t+right, D]
-        windows = padded.unfold(1, big, 1)  # [b, t, D, K]
-        out = torch.einsum("btk,btdk->btd", self.kernel(x, kernels).to(v.dtype), windows)
-        return F.linear(out, self.w_out[:, :width], self.b_out)
+            padded = F.pad(v, (0, 0, left, right))  # [U, b, left+t+right, D]
+        windows = padded.unfold(2, big, 1)  # [U, b, t, D, K]
+        out = torch.einsum("ubtk,ubtdk->ubtd", self.kernel(x, kernels).to(v.dtype), windows)
+        return path_project(out, self.w_out[:units, :, :width], self.b_out[:units])
 
 
 def _cut(scale: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
     return None if scale is None else scale[..., start:stop]
 
 
+def unit_bias_kinds(bias: str, units: int) -> list[str]:
+    """The bias of each unit: unit 0 always sees the golden input, units 1.. get ``bias``."""
+    cycle = ("swap", "disorder", "mask")
+    return ["identity"] + [cycle[(u - 1) % 3] if bias == "mixed" else bias for u in range(1, units)]
+
+
+def apply_unit_bias(x: torch.Tensor, kind: str, lengths: torch.Tensor, mask_embedding: torch.Tensor,
+                    switch: torch.Tensor) -> torch.Tensor:
+    """One MUTE noise operation per sentence (sec. 3.2), where ``switch [b]`` is True.
+
+    - ``swap``: swap the embeddings at a random position and one up to 3 positions away;
+    - ``disorder``: randomly permute a window of 3 consecutive positions;
+    - ``mask``: replace one random position with the learned ``mask_embedding [C]``.
+    Positions stay inside each sentence (``lengths [b]``, tokens). ``x [b, t, C]`` -> ``[b, t, C]``.
+    """
+    if kind == "identity":
+        return x
+    bsz, t, _ = x.shape
+    rows = torch.arange(bsz, device=x.device)
+    last = (lengths - 1).clamp(min=0)
+    pos = torch.minimum((torch.rand(bsz, device=x.device) * lengths).long(), last)
+    if kind == "mask":
+        out = x.clone()
+        out[rows, pos] = mask_embedding.to(x.dtype)
+        return torch.where(switch[:, None, None], out, x)
+    idx = torch.arange(t, device=x.device).repeat(bsz, 1)  # [b, t]
+    if kind == "swap":
+        step = torch.randint(1, 4, (bsz,), device=x.device) * (torch.randint(0, 2, (bsz,), device=x.device) * 2 - 1)
+        other = torch.minimum((pos + step).clamp(min=0), last)
+        idx[rows, pos], idx[rows, other] = other, pos
+    elif kind == "disorder":
+        start = torch.minimum(pos, (lengths - 3).clamp(min=0))
+        perm = torch.argsort(torch.rand(bsz, 3, device=x.device), 1)
+        window = start[:, None] + torch.arange(3, device=x.device)  # [b, 3]
+        ok = (lengths >= 3)[:, None].expand(-1, 3)
+        idx[rows[:, None].expand(-1, 3)[ok], window[ok]] = (start[:, None] + perm)[ok]
+    else:
+        raise ValueError(f"unknown unit bias {kind!r}; expected one of {', '.join(UNIT_BIASES)}")
+    out = x.gather(1, idx[..., None].expand_as(x))
+    return torch.where(switch[:, None, None], out, x)
+
+
+def doubly_normalize(m: torch.Tensor) -> torch.Tensor:
+    """AutoShuffle renormalization (MUTE eq. 17-18): clamp at 0, then normalize columns, then rows."""
+    m = m.clamp(min=0.0)
+    m = m / m.sum(0, keepdim=True).clamp(min=1e-9)
+    return m / m.sum(1, keepdim=True).clamp(min=1e-9)
+
+
+def permutation_penalty(m: torch.Tensor) -> torch.Tensor:
+    """Lipschitz penalty pushing ``m`` towards a permutation matrix (MUTE eq. 19); 0 for a permutation."""
+    a = m.abs()
+    return (a.sum(1) - m.norm(dim=1)).sum() + (a.sum(0) - m.norm(dim=0)).sum()
+
+
 def _keep(scale: torch.Tensor | None, column: int) -> torch.Tensor | None:
     return None if scale is None else scale[..., column]
 
 
-def _add_ffn(total: torch.Tensor, y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """``total + y_0``: a Prime unit's FFN term ``[1, b, t, C]`` with its drop-branch mask (MAT eq. 7)."""
-    return total + (y[0] if keep is None else y[0] * keep[0, :, None, None].to(y.dtype))
-
-
 class _UnifiedLayer(nn.Module):
-    """What encoder and decoder layers share: attention(s), FFN, path fusions, Prime parts."""
+    """What encoder and decoder layers share: attention(s), FFN, path fusions, Prime parts and
+    the MUTE units around them (DESIGN "The unified layer"):
+    ``Layer(x) = combine_u Unit_u(Bias_u(x))`` where a unit is a sequential or a Prime layer."""
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  dropout: float, attention_dropout: float, max_paths: int, more_features: bool, layout: str,
-                 kernel_sizes: tuple[int, ...], sublayers: tuple[str, ...], causal: bool) -> None:
+                 kernel_sizes: tuple[int, ...], max_units: int, unit_bias_rate: float,
+                 sublayers: tuple[str, ...], causal: bool) -> None:
         super().__init__()
         self.layouts = tuple(layout.split("+"))
+        self.unit_bias_rate = unit_bias_rate
         for name in sublayers:
-            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout, max_paths))
-        self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths)
+            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, attention_dropout,
+                                                       max_paths, max_units))
+        self.ffn = ElasticFFN(model_dim, max_ffn_width, dropout, max_paths, max_units)
         if "sequential" in self.layouts:
             for name in (*sublayers, "ffn"):
-                self.add_module(f"{name}_paths", PathFusion(model_dim, max_paths, more_features))
+                self.add_module(f"{name}_paths", PathFusion(model_dim, max_paths, more_features, max_units))
         if "prime" in self.layouts:
-            self.prime_norm = nn.LayerNorm(model_dim)
+            self.prime_norm_weight = nn.Parameter(torch.ones(max_units, model_dim))
+            self.prime_norm_bias = nn.Parameter(torch.zeros(max_units, model_dim))
             if kernel_sizes:
-                self.conv = DynamicConv(model_dim, max_width, tuple(kernel_sizes), causal)
+                self.conv = DynamicConv(model_dim, max_width, tuple(kernel_sizes), causal, max_units)
+        if max_units > 1:
+            self.unit_alpha = nn.Parameter(torch.ones(max_units))  # eq. 10 weights
+            self.shuffle = nn.Parameter(0.9 * torch.eye(max_units) + 0.1 / max_units)  # AutoShuffle M (eq. 16)
+            self.mask_embedding = nn.Parameter(torch.randn(model_dim) * model_dim ** -0.5)
         self.dropout = nn.Dropout(dropout)
 
     def _check_layout(self, dims: LayerArch) -> None:
         if dims.layout not in self.layouts:
             raise ValueError(f"layout {dims.layout!r} is not built in this layer (it has {'+'.join(self.layouts)})")
 
+    def _unit_inputs(self, x: torch.Tensor, dims: LayerArch, lengths: torch.Tensor | None) -> torch.Tensor:
+        """``x [b, t, C]`` -> per-unit inputs ``[U, b, t, C]``: ``Bias_u(x)`` in training with rate p_beta (sec. 3.2)."""
+        if dims.units == 1:
+            return x[None]
+        if not (self.training and lengths is not None and self.unit_bias_rate > 0 and dims.unit_bias != "identity"):
+            return x[None].expand(dims.units, -1, -1, -1)
+        switch = torch.rand(x.size(0), device=x.device) < self.unit_bias_rate
+        return torch.stack([apply_unit_bias(x, kind, lengths, self.mask_embedding, switch)
+                            for kind in unit_bias_kinds(dims.unit_bias, dims.units)])
+
+    def _combine(self, outs: torch.Tensor, dims: LayerArch) -> torch.Tensor:
+        """Units' outputs ``[U, b, t, C]`` -> ``[b, t, C]``: ``sum_u w_u F_u`` (eq. 10/12) or, with sequential
+        dependency, ``sum_i w_i G^_i / i`` over the permuted, accumulated outputs (eq. 13-16).
+        ``w = alpha / sum(alpha)`` over the chosen units, so every unit count keeps the residual scale."""
+        units = dims.units
+        if units == 1:
+            return outs[0]
+        w = self.unit_alpha[:units] / self.unit_alpha[:units].sum()
+        if dims.unit_dependency == "sequential":
+            m = doubly_normalize(self.shuffle[:units, :units])
+            permuted = torch.einsum("ij,ibtc->jbtc", m.to(outs.dtype), outs)  # [G_1..G_I] = M^T [F_1..F_I]
+            count = torch.arange(1, units + 1, device=outs.device, dtype=outs.dtype)
+            outs = permuted.cumsum(0) / count[:, None, None, None]  # G^_i / i
+        return torch.einsum("u,ubtc->btc", w.to(outs.dtype), outs)
+
+    def _prime_norm(self, total: torch.Tensor) -> torch.Tensor:
+        """Per-unit LayerNorm of ``[U, b, t, C]`` (the "Add & Norm" of Unified Transformer eq. 4)."""
+        units = total.size(0)
+        return F.layer_norm(total, (total.size(-1),)) * self.prime_norm_weight[:units, None, None] \
+            + self.prime_norm_bias[:units, None, None]
+
+    def autoshuffle_penalty(self) -> torch.Tensor | None:
+        """MUTE eq. 19 for this layer's AutoShuffle matrix (None without units)."""
+        return permutation_penalty(self.shuffle) if hasattr(self, "shuffle") else None
+
+    @torch.no_grad()
+    def renormalize_autoshuffle_(self) -> None:
+        """Project the AutoShuffle matrix back after an optimizer step (MUTE eq. 17-18)."""
+        if hasattr(self, "shuffle"):
+            self.shuffle.copy_(doubly_normalize(self.shuffle))
+
 
 class EncoderLayer(_UnifiedLayer):
-    """Encoder layer in one of two layouts, chosen per call by ``dims.layout``.
+    """Encoder layer: ``combine_u Unit_u(Bias_u(x))`` over U MUTE units, each unit in one of two layouts.
 
     - ``sequential``: pre-norm self-attention then FFN, each sublayer
       ``beta x + sum_p alpha_p PathNorm_p(Func(LN_p(x)))`` (Multi-Path eq. 4-6), where Func is
       the branch-averaged attention (MAT eq. 6) or the FFN with drop-branch (MAT eq. 7). With
-      one path, one branch, full widths and ``rho = 0`` it is exactly
+      one unit, one path, one branch, full widths and ``rho = 0`` it is exactly
       ``torch.nn.TransformerEncoderLayer(norm_first=True)`` (ReLU, LayerNorm eps 1e-5).
     - ``prime``: ``LN(x + Attn(x) + Conv_K(x) + FFN(x))`` (Unified Transformer eq. 4), the
       convolution sharing the attention's value projection; Prime-simple (eq. 1) when K is empty.
+    - units (MUTE): per-unit input noise in training (sec. 3.2), combined by eq. 10 or with
+      sequential dependency (eq. 13-16).
 
     Args:
         layout: the layouts this layer supports: ``sequential``, ``prime`` or ``sequential+prime``.
         kernel_sizes: convolution kernel sizes it supports (Prime).
+        max_units: the most MUTE units; unit_bias_rate: p_beta, the rate biases are switched on.
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
-                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = ()) -> None:
+                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = (),
+                 max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, dropout, attention_dropout,
-                         max_paths, more_features, layout, kernel_sizes, ("attn",), causal=False)
+                         max_paths, more_features, layout, kernel_sizes, max_units, unit_bias_rate, ("attn",),
+                         causal=False)
 
     def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 drop_branch: float = 0.0) -> torch.Tensor:
         """``x [b, s, C]``, the layer's choices ``dims``, ``src_pad [b, s]`` -> ``[b, s, C]``."""
         self._check_layout(dims)
+        units, nb = dims.units, dims.branches
         n_paths = dims.paths if dims.layout == "sequential" else 1
+        lengths = None if src_pad is None else (~src_pad).sum(1)
+        xu = self._unit_inputs(x, dims, lengths)  # [U, b, s, C]
         rho = drop_branch if self.training else 0.0
-        scale = drop_mask((n_paths, x.size(0), dims.branches + 1), rho, x.device)  # per path: branches, FFN
-        attn = dict(width=dims.width, branches=dims.branches, key_pad=src_pad, branch_scale=_cut(scale, 0, dims.branches))
+        scale = drop_mask((units * n_paths, x.size(0), nb + 1), rho, x.device)  # per group: branches, FFN
+        attn = dict(width=dims.width, branches=nb, key_pad=src_pad, branch_scale=_cut(scale, 0, nb), units=units)
         if dims.layout == "prime":
             values: list = []
-            total = x + self.dropout(self.attn(x[None], values=values, **attn)[0])
+            total = xu + self.dropout(self.attn(xu, values=values, **attn))
             if dims.kernels:
-                total = total + self.dropout(self.conv(x, values[0], dims.kernels, src_pad))
-            y = self.dropout(self.ffn(x[None], dims.ffn_width))
-            return self.prime_norm(_add_ffn(total, y, _keep(scale, dims.branches)))
-        x = self.attn_paths.fuse(x, self.dropout(self.attn(self.attn_paths.paths_in(x, n_paths), **attn)))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), dims.ffn_width))
-        return self.ffn_paths.fuse(x, ys, _keep(scale, dims.branches))
+                total = total + self.dropout(self.conv(xu, values[0], dims.kernels, src_pad))
+            keep = _keep(scale, nb)
+            y = self.dropout(self.ffn(xu, dims.ffn_width, units))
+            total = total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
+            return self._combine(self._prime_norm(total), dims)
+        xu = self.attn_paths.fuse(xu, self.dropout(self.attn(self.attn_paths.paths_in(xu, n_paths), **attn)))
+        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(xu, n_paths), dims.ffn_width, units))
+        return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, nb)), dims)
 
 
 class DecoderLayer(_UnifiedLayer):
-    """Decoder layer in one of two layouts, chosen per call by ``dims.layout``.
+    """Decoder layer: ``combine_u Unit_u(x)`` over U MUTE units, each unit in one of two layouts.
 
     - ``sequential``: causal self-attention, cross-attention and FFN, each a multi-path
       sublayer (Multi-Path eq. 4-6) with multi-branch attention (MAT eq. 6-7); the
       cross-attention uses the same width, branches and paths as the self-attention. With one
-      path, one branch, full widths and ``rho = 0`` it equals
+      unit, path and branch, full widths and ``rho = 0`` it equals
       ``torch.nn.TransformerDecoderLayer(norm_first=True)``.
     - ``prime``: ``LN(x + SelfAttn(x) + Cross(x, memory) + CausalConv_K(x) + FFN(x))``
       (Unified Transformer eq. 4 with the decoder's cross-attention in parallel, Fig. 1).
+    - units: combined as in the encoder. Decoder units get no input noise: swapping or
+      reordering target positions would show a unit the tokens it must predict.
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  dropout: float = 0.1, attention_dropout: float = 0.0, max_paths: int = 1,
-                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = ()) -> None:
+                 more_features: bool = False, layout: str = "sequential", kernel_sizes: tuple[int, ...] = (),
+                 max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, dropout, attention_dropout,
-                         max_paths, more_features, layout, kernel_sizes, ("self_attn", "cross_attn"), causal=True)
+                         max_paths, more_features, layout, kernel_sizes, max_units, unit_bias_rate,
+                         ("self_attn", "cross_attn"), causal=True)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, dims: LayerArch,
                 src_pad: torch.Tensor | None, drop_branch: float = 0.0, cache: Cache | None = None) -> torch.Tensor:
@@ -436,24 +570,27 @@ class DecoderLayer(_UnifiedLayer):
         the self-attention (and the causal convolution) continue from the cached state.
         """
         self._check_layout(dims)
-        nb = dims.branches
+        units, nb = dims.units, dims.branches
         n_paths = dims.paths if dims.layout == "sequential" else 1
+        xu = self._unit_inputs(x, dims, None)  # [U, b, t, C]
         rho = drop_branch if self.training else 0.0
-        scale = drop_mask((n_paths, x.size(0), 2 * nb + 1), rho, x.device)  # self, cross branches, FFN
+        scale = drop_mask((units * n_paths, x.size(0), 2 * nb + 1), rho, x.device)  # self, cross branches, FFN
         part = (lambda name: None) if cache is None else (lambda name: cache.setdefault(name, {}))
         self_kw = dict(width=dims.width, branches=nb, causal=cache is None, branch_scale=_cut(scale, 0, nb),
-                       cache=part("self"))
+                       cache=part("self"), units=units)
         cross_kw = dict(width=dims.width, branches=nb, memory=memory, key_pad=src_pad,
-                        branch_scale=_cut(scale, nb, 2 * nb), cache=part("cross"))
+                        branch_scale=_cut(scale, nb, 2 * nb), cache=part("cross"), units=units)
         if dims.layout == "prime":
             values: list = []
-            total = x + self.dropout(self.self_attn(x[None], values=values, **self_kw)[0])
-            total = total + self.dropout(self.cross_attn(x[None], **cross_kw)[0])
+            total = xu + self.dropout(self.self_attn(xu, values=values, **self_kw))
+            total = total + self.dropout(self.cross_attn(xu, **cross_kw))
             if dims.kernels:
-                total = total + self.dropout(self.conv(x, values[0], dims.kernels, cache=part("conv")))
-            y = self.dropout(self.ffn(x[None], dims.ffn_width))
-            return self.prime_norm(_add_ffn(total, y, _keep(scale, 2 * nb)))
-        x = self.self_attn_paths.fuse(x, self.dropout(self.self_attn(self.self_attn_paths.paths_in(x, n_paths), **self_kw)))
-        x = self.cross_attn_paths.fuse(x, self.dropout(self.cross_attn(self.cross_attn_paths.paths_in(x, n_paths), **cross_kw)))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(x, n_paths), dims.ffn_width))
-        return self.ffn_paths.fuse(x, ys, _keep(scale, 2 * nb))
+                total = total + self.dropout(self.conv(xu, values[0], dims.kernels, cache=part("conv")))
+            keep = _keep(scale, 2 * nb)
+            y = self.dropout(self.ffn(xu, dims.ffn_width, units))
+            total = total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
+            return self._combine(self._prime_norm(total), dims)
+        xu = self.self_attn_paths.fuse(xu, self.dropout(self.self_attn(self.self_attn_paths.paths_in(xu, n_paths), **self_kw)))
+        xu = self.cross_attn_paths.fuse(xu, self.dropout(self.cross_attn(self.cross_attn_paths.paths_in(xu, n_paths), **cross_kw)))
+        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(xu, n_paths), dims.ffn_width, units))
+        return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, 2 * nb)), dims)

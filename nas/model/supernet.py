@@ -38,6 +38,7 @@ class SuperTransformer(nn.Module):
         max_positions: longest sequence (tokens) the position table covers.
         pad_id: padding token id (its embedding row starts at zero).
         more_features: Multi-Path "more features" (sec. 3.2, eq. 7) in sublayers with 3+ paths.
+        unit_bias_rate: MUTE p_beta, the rate at which unit biases are switched on in training (sec. 3.2).
 
     Raises:
         ValueError: a width not divisible by ``heads``.
@@ -45,20 +46,22 @@ class SuperTransformer(nn.Module):
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
-                 pad_id: int = 0, more_features: bool = False) -> None:
+                 pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
+        self.unit_bias_rate = unit_bias_rate
         self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
         with torch.no_grad():
             self.embed.weight[pad_id].zero_()
         self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
         self.dropout = nn.Dropout(dropout)
-        kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features)
+        kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features,
+                  unit_bias_rate=unit_bias_rate)
         layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
-                               max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, **kw)
+                               max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, max_units=d.units, **kw)
         self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d)) for d in max_arch.encoder.layer_dims())
         self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, **layer(d)) for d in max_arch.decoder.layer_dims())
         self.encoder_norm = nn.LayerNorm(model_dim)
@@ -69,7 +72,8 @@ class SuperTransformer(nn.Module):
         return dict(vocab_size=self.vocab_size, model_dim=self.model_dim, heads=self.heads,
                     max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
-                    max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features)
+                    max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features,
+                    unit_bias_rate=self.unit_bias_rate)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":
@@ -148,6 +152,17 @@ class SuperTransformer(nn.Module):
             tensors = layer.get(part, {})
             for key in tensors:  # [P, n, heads, t, d_h]: the batch is dim 1
                 tensors[key] = tensors[key].index_select(1, index)
+
+
+    def autoshuffle_penalty(self) -> torch.Tensor:
+        """Sum of the MUTE permutation penalties (eq. 19) of every layer with units (0 without)."""
+        terms = [p for layer in (*self.encoder, *self.decoder) if (p := layer.autoshuffle_penalty()) is not None]
+        return torch.stack(terms).sum() if terms else torch.zeros(())
+
+    def renormalize_autoshuffle_(self) -> None:
+        """Apply MUTE eq. 17-18 to every AutoShuffle matrix; call after each optimizer step."""
+        for layer in (*self.encoder, *self.decoder):
+            layer.renormalize_autoshuffle_()
 
 
 def count_params(model: nn.Module) -> int:

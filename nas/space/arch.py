@@ -13,10 +13,16 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Arch", "StackArch", "LayerArch", "DIMENSIONS", "LAYOUTS"]
+__all__ = ["Arch", "StackArch", "LayerArch", "DIMENSIONS", "INT_DIMENSIONS", "LAYOUTS", "UNIT_BIASES", "DEPENDENCIES"]
 
-DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels")
+DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels", "units", "unit_bias", "unit_dependency")
 """The per-layer choices of a stack, in StackArch field order."""
+INT_DIMENSIONS = ("width", "ffn_width", "branches", "paths", "units")
+"""Dimensions whose value may not exceed the supernet's."""
+UNIT_BIASES = ("identity", "swap", "disorder", "mask", "mixed")
+"""MUTE unit biases (sec. 3.2); ``mixed`` gives units 1, 2, 3, ... swap, disorder, mask in turn."""
+DEPENDENCIES = ("independent", "sequential")
+"""How MUTE units are combined: weighted sum (eq. 10/12) or sequential dependency (eq. 13-16)."""
 LAYOUTS = ("sequential", "prime")
 """Layer layouts: pre-norm sublayers in sequence, or a Prime unit (Unified Transformer eq. 1, 4)."""
 SUPPORTS_BOTH = "sequential+prime"
@@ -32,6 +38,9 @@ class LayerArch(NamedTuple):
     paths: int
     layout: str
     kernels: tuple[int, ...]
+    units: int = 1
+    unit_bias: str = "identity"
+    unit_dependency: str = "independent"
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,12 @@ class StackArch:
     """``sequential`` (pre-norm sublayers) or ``prime`` (Unified Transformer eq. 4) per layer; empty: sequential."""
     kernels: tuple[tuple[int, ...], ...] = field(default=())
     """Dynamic-convolution kernel sizes of a Prime layer (eq. 6-7); ``()`` is Prime-simple. Empty: none."""
+    units: tuple[int, ...] = field(default=())
+    """MUTE units per layer (eq. 10); empty means one unit in every layer."""
+    unit_bias: tuple[str, ...] = field(default=())
+    """Input noise of units 1.. in training (MUTE sec. 3.2): identity, swap, disorder, mask or mixed."""
+    unit_dependency: tuple[str, ...] = field(default=())
+    """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, with AutoShuffle) unit combination."""
 
     def __post_init__(self) -> None:
         n = len(self.width)
@@ -63,15 +78,23 @@ class StackArch:
             object.__setattr__(self, name, tuple(int(b) for b in getattr(self, name)) or (1,) * n)
         object.__setattr__(self, "layout", tuple(str(x) for x in self.layout) or ("sequential",) * n)
         object.__setattr__(self, "kernels", tuple(tuple(sorted(int(k) for k in ks)) for ks in self.kernels) or ((),) * n)
+        object.__setattr__(self, "units", tuple(int(u) for u in self.units) or (1,) * n)
+        object.__setattr__(self, "unit_bias", tuple(str(b) for b in self.unit_bias) or ("identity",) * n)
+        object.__setattr__(self, "unit_dependency", tuple(str(d) for d in self.unit_dependency) or ("independent",) * n)
         lengths = {name: len(getattr(self, name)) for name in DIMENSIONS}
         if len(set(lengths.values())) != 1:
             raise ValueError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
         if not self.width:
             raise ValueError("StackArch needs at least one layer")
-        for name in ("width", "ffn_width", "branches", "paths"):
+        for name in INT_DIMENSIONS:
             for i, v in enumerate(getattr(self, name)):
                 if v < 1:
                     raise ValueError(f"{name}[{i}]={v} must be >= 1")
+        for i, (bias, dep) in enumerate(zip(self.unit_bias, self.unit_dependency)):
+            if bias not in UNIT_BIASES:
+                raise ValueError(f"unit_bias[{i}]={bias!r}; expected one of {', '.join(UNIT_BIASES)}")
+            if dep not in DEPENDENCIES:
+                raise ValueError(f"unit_dependency[{i}]={dep!r}; expected one of {', '.join(DEPENDENCIES)}")
         for i, (layout, ks) in enumerate(zip(self.layout, self.kernels)):
             if layout not in (*LAYOUTS, SUPPORTS_BOTH):
                 raise ValueError(f"layout[{i}]={layout!r}; expected one of {', '.join(LAYOUTS)}")
@@ -98,13 +121,17 @@ class StackArch:
 
     def summary(self) -> str:
         """One token per layer: ``width/ffn_width``, ``xN`` for N branches, ``pN`` for N paths,
-        ``P`` for a Prime layer with its kernels (``P3,15``; ``P-`` for Prime-simple)."""
+        ``P`` for a Prime layer with its kernels (``P3,15``; ``P-`` for Prime-simple), ``uN`` for
+        N units with their bias and ``-seq`` for sequential dependency."""
         cells = []
         for d in self.layer_dims():
             cell = f"{d.width}/{d.ffn_width}" + (f"x{d.branches}" if d.branches > 1 else "")
             cell += f"p{d.paths}" if d.paths > 1 else ""
             if d.layout == "prime":
                 cell += "P" + (",".join(map(str, d.kernels)) or "-")
+            if d.units > 1:
+                cell += f"u{d.units}" + ("" if d.unit_bias == "identity" else f"-{d.unit_bias}")
+                cell += "-seq" if d.unit_dependency == "sequential" else ""
             cells.append(cell)
         return " ".join(cells)
 
@@ -161,7 +188,7 @@ class Arch:
             sub, sup = getattr(self, stack), getattr(maxima, stack)
             if sub.layers > sup.layers:
                 raise ValueError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
-            for name in ("width", "ffn_width", "branches", "paths"):
+            for name in INT_DIMENSIONS:
                 for i, (v, vmax) in enumerate(zip(getattr(sub, name), getattr(sup, name))):
                     if v > vmax:
                         raise ValueError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")

@@ -16,10 +16,15 @@ if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
 
 __all__ = ["SearchSpace"]
 
-ORDER = ("layout", "width", "ffn_width", "branches", "paths", "kernels")
+ORDER = ("layout", "units", "width", "ffn_width", "branches", "paths", "kernels", "unit_bias", "unit_dependency")
 """Per-layer choices in the order they are made (a condition refers to an earlier one)."""
-INACTIVE = {"branches": 1, "paths": 1, "layout": "sequential", "kernels": ()}
+INACTIVE = {"branches": 1, "paths": 1, "layout": "sequential", "kernels": (), "units": 1, "unit_bias": "identity",
+            "unit_dependency": "independent"}
 """The value a conditional dimension takes where its ``when`` does not hold."""
+
+
+STRING_DIMENSIONS = ("layout", "unit_bias", "unit_dependency")
+"""Dimensions whose values are names (kept in the YAML's order)."""
 
 
 def _label(value: Any) -> Any:
@@ -30,7 +35,7 @@ def _label(value: Any) -> Any:
 def _unlabel(name: str, value: Any) -> Any:
     if name.split(".")[1] == "kernels":
         return () if value == "none" else tuple(int(k) for k in str(value).split(","))
-    return value if name.split(".")[1] == "layout" else int(value)
+    return value if name.split(".")[1] in STRING_DIMENSIONS else int(value)
 
 
 @dataclass(frozen=True)
@@ -59,14 +64,19 @@ class SearchSpace:
             "paths": Dimension(values=[sn.paths or 1]),
             "layout": Dimension(values=["sequential"]),
             "kernels": Dimension(values=[[]]),
+            "units": Dimension(values=[sn.units or 1]),
+            "unit_bias": Dimension(values=["identity"]),
+            "unit_dependency": Dimension(values=["independent"]),
         }
         dims = {n: getattr(sp, n) or defaults[n] for n in ORDER}
         layers = {
             "encoder": tuple(sorted((sp.encoder_layers.values if sp.encoder_layers else [sn.encoder_layers]))),
             "decoder": tuple(sorted((sp.decoder_layers.values if sp.decoder_layers else [sn.decoder_layers]))),
         }
-        values = {n: tuple(sorted(d.values)) for n, d in dims.items() if n not in ("layout", "kernels")}
+        values = {n: tuple(sorted(d.values)) for n, d in dims.items() if n not in (*STRING_DIMENSIONS, "kernels")}
         values["layout"] = tuple(v for v in LAYOUTS if v in dims["layout"].values)
+        values["unit_bias"] = tuple(dims["unit_bias"].values)
+        values["unit_dependency"] = tuple(dims["unit_dependency"].values)
         values["kernels"] = tuple(sorted((tuple(sorted(v)) for v in dims["kernels"].values), key=lambda k: (len(k), k)))
         return cls(layers=layers, dims=values, per_layer={n: d.per_layer for n, d in dims.items()},
                    when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()})
@@ -80,13 +90,17 @@ class SearchSpace:
         paths = sn.paths or max(self.dims["paths"])
         layout = "+".join(self.dims["layout"])
         kernels = tuple(sorted(set(sn.kernels) | {k for ks in self.dims["kernels"] for k in ks}))
+        units = sn.units or max(self.dims["units"])
         stack = lambda n: StackArch((sn.model_dim,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n,
-                                    (kernels,) * n)
+                                    (kernels,) * n, (units,) * n)
         return Arch(stack(sn.encoder_layers), stack(sn.decoder_layers))
 
     def _active(self, name: str, layer: dict[str, Any]) -> bool:
         cond = self.when[name]
-        return cond is None or layer.get(cond[0]) == cond[1]
+        if cond is None:
+            return True
+        allowed = cond[1] if isinstance(cond[1], list) else [cond[1]]
+        return layer.get(cond[0]) in allowed
 
     def _uniform(self, choose) -> Arch:
         """Build an arch by calling ``choose(param_name, values)``; single-value choices are
@@ -113,9 +127,10 @@ class SearchSpace:
         return Arch(**stacks)
 
     def widest(self) -> Arch:
-        """The largest sub-Transformer (sandwich rule's upper end): deepest, widest, most branches
-        and paths; sequential layout when the space has it (Prime layers have one path)."""
-        return self._uniform(lambda name, values: values[0] if name.split(".")[1] == "layout" else values[-1])
+        """The largest sub-Transformer (sandwich rule's upper end): deepest, widest, most branches,
+        paths and units; the first listed layout, bias and dependency (sequential layout when the
+        space has it: Prime layers have one path)."""
+        return self._uniform(lambda name, values: values[0] if name.split(".")[1] in STRING_DIMENSIONS else values[-1])
 
     def narrowest(self) -> Arch:
         """The smallest sub-Transformer of the space (the sandwich rule's lower end)."""

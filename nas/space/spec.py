@@ -13,7 +13,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from nas.space.arch import LAYOUTS
+from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 
 __all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec"]
 
@@ -69,6 +69,8 @@ class SupernetSpec(_Strict):
     """Multi-Path "more features" (sec. 3.2): add the averages of n-1 paths in sublayers with 3+ paths."""
     kernels: list[int] = Field(default_factory=list)
     """Kernel sizes (odd) of the Prime convolution cells; default: those used in ``space.kernels``."""
+    units: int | None = Field(None, ge=1)
+    """Most MUTE units per layer; default: the largest value in ``space.units``."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
@@ -80,9 +82,10 @@ class Dimension(_Strict):
     """The choices (an Optuna categorical): integers, layout names, or kernel-size lists."""
     per_layer: bool = False
     """True: one choice per layer; False: one choice per stack (encoder, decoder)."""
-    when: dict[str, int | str] | None = None
-    """Condition on another per-layer dimension of the same layer, e.g. ``{layout: prime}``;
-    where it does not hold the dimension takes its inactive value (1 branch/path, no kernels)."""
+    when: dict[str, int | str | list[int | str]] | None = None
+    """Condition on another per-layer dimension of the same layer, e.g. ``{layout: prime}`` or
+    ``{units: [2, 3]}`` (any of the values); where it does not hold the dimension takes its
+    inactive value (1 branch/path/unit, no kernels, identity bias, independent units)."""
 
 
 class SpaceSpec(_Strict):
@@ -101,6 +104,12 @@ class SpaceSpec(_Strict):
     """``sequential`` or ``prime`` (Unified Transformer eq. 4) per layer; default: sequential."""
     kernels: Dimension | None = None
     """Dynamic-convolution kernel sets of Prime layers, e.g. ``[[], [3], [3, 15]]`` (``[]``: Prime-simple)."""
+    units: Dimension | None = None
+    """MUTE units per layer (eq. 10); default: supernet.units, else 1."""
+    unit_bias: Dimension | None = None
+    """Input noise of units 1.. in training (MUTE sec. 3.2): identity, swap, disorder, mask, mixed (encoder only)."""
+    unit_dependency: Dimension | None = None
+    """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, AutoShuffle) unit combination."""
 
 
 class TrainSpec(_Strict):
@@ -127,6 +136,10 @@ class TrainSpec(_Strict):
     threads: int | None = Field(None, ge=1)
     """torch threads for standalone training (None: torch's default); Ray trials use resources.cpu."""
     seed: int = 0
+    unit_bias_rate: float = Field(0.5, ge=0.0, le=1.0)
+    """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2)."""
+    autoshuffle_penalty: float = Field(0.01, ge=0.0)
+    """MUTE lambda (eq. 20): weight of the AutoShuffle permutation penalty (eq. 19) in the loss."""
     eval_beam_size: int = Field(4, ge=1)
     """Beam size for the widest sub-Transformer's validation BLEU at the end of training."""
 
@@ -199,6 +212,7 @@ class SweepSpec(_Strict):
             "ffn_width": ("supernet.ffn_width", sn.ffn_width),
             "branches": ("supernet.branches", sn.branches),
             "paths": ("supernet.paths", sn.paths),
+            "units": ("supernet.units", sn.units),
         }
         for key in SpaceSpec.model_fields:
             dim = getattr(sp, key)
@@ -208,7 +222,11 @@ class SweepSpec(_Strict):
             if len(set(values)) != len(values):
                 raise ValueError(f"space.{key}.values={dim.values} repeats a value; list each choice once")
             if key == "layout":
-                _check_layouts(dim.values)
+                _check_names(key, dim.values, LAYOUTS)
+            elif key == "unit_bias":
+                _check_names(key, dim.values, UNIT_BIASES)
+            elif key == "unit_dependency":
+                _check_names(key, dim.values, DEPENDENCIES)
             elif key == "kernels":
                 _check_kernels(dim.values, sn.kernels, sp.layout)
             else:
@@ -232,10 +250,10 @@ def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads
             raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={heads}")
 
 
-def _check_layouts(values: list) -> None:
+def _check_names(key: str, values: list, allowed: tuple[str, ...]) -> None:
     for v in values:
-        if v not in LAYOUTS:
-            raise ValueError(f"space.layout.values contains {v!r}; expected {' or '.join(LAYOUTS)}")
+        if v not in allowed:
+            raise ValueError(f"space.{key}.values contains {v!r}; expected one of {', '.join(allowed)}")
 
 
 def _check_kernels(values: list, available: list[int], layout: "Dimension | None") -> None:
@@ -260,6 +278,12 @@ def _check_prime_conditions(sp: "SpaceSpec") -> None:
     if "sequential" in layouts and sp.kernels and sp.kernels.when != {"layout": "prime"} \
             and any(v for v in sp.kernels.values):
         raise ValueError("space.kernels: sequential layers have no convolution; add `when: {layout: prime}` to space.kernels")
+    units = sp.units.values if sp.units else [1]
+    for key in ("unit_bias", "unit_dependency"):
+        dim = getattr(sp, key)
+        if dim and len(dim.values) > 1 and 1 in units and not dim.when:
+            raise ValueError(f"space.{key}: one unit has no bias or dependency; add `when: {{units: [2, ...]}}` "
+                             f"listing the unit counts above 1")
 
 
 def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
@@ -275,8 +299,9 @@ def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
         raise ValueError(f"space.{key}.when refers to {ref!r}, which is conditional itself; refer to an unconditional one")
     if not (dim.per_layer and target.per_layer):
         raise ValueError(f"space.{key}.when: both space.{key} and space.{ref} need per_layer: true")
-    if value not in target.values:
-        raise ValueError(f"space.{key}.when: {ref}={value!r} is not one of space.{ref}.values={target.values}")
+    for v in value if isinstance(value, list) else [value]:
+        if v not in target.values:
+            raise ValueError(f"space.{key}.when: {ref}={v!r} is not one of space.{ref}.values={target.values}")
 
 
 def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
