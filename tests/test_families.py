@@ -230,3 +230,110 @@ def test_a_layout_the_layer_was_not_built_for_is_refused():
     layer = EncoderLayer(C, H, C, 24, 1, layout="sequential")
     with pytest.raises(ValueError, match="layout 'prime' is not built"):
         layer(torch.randn(1, 3, C), LayerArch(16, 24, 1, 1, "prime", ()), None)
+
+
+# ---- MUTE units -----------------------------------------------------------------------------------
+
+from nas.model.layers import apply_unit_bias, doubly_normalize, permutation_penalty  # noqa: E402
+
+
+def _reference_unit(layer, x, u, width, ffn, pad):
+    """One sequential unit ``F_u`` with its own weights (MUTE eq. 8-9 in pre-norm form)."""
+    a, f = layer.attn, layer.ffn
+    h = F.layer_norm(x, (C,), layer.attn_paths.ln_weight[u, 0], layer.attn_paths.ln_bias[u, 0])
+    x = x + _attention(h, a.w_in[u, 0, 0, :, :width], a.b_in[u, 0, 0, :, :width], a.w_out[u, 0, 0, :, :width],
+                       a.b_out[u, 0, 0], H, pad)
+    h = F.layer_norm(x, (C,), layer.ffn_paths.ln_weight[u, 0], layer.ffn_paths.ln_bias[u, 0])
+    return x + F.relu(h @ f.w1[u, 0, :ffn].T + f.b1[u, 0, :ffn]) @ f.w2[u, 0, :, :ffn].T + f.b2[u, 0]
+
+
+def _mute_layer(seed=0):
+    torch.manual_seed(seed)
+    layer = EncoderLayer(C, H, C, 24, 1, dropout=0.0, max_units=4, unit_bias_rate=1.0)
+    with torch.no_grad():
+        layer.unit_alpha.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
+        layer.shuffle.add_(0.3 * torch.rand(4, 4))
+    return layer.eval()
+
+
+@pytest.mark.parametrize("units,dependency", [(2, "independent"), (3, "independent"), (3, "sequential"),
+                                              (4, "sequential")])
+def test_units_match_loop_transcription_of_eq_10_and_13_to_16(units, dependency):
+    layer = _mute_layer()
+    x = torch.randn(2, 5, C)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, -1] = True
+    dims = LayerArch(16, 24, 1, 1, "sequential", (), units, "swap", dependency)
+    with torch.no_grad():
+        got = layer(x, dims, pad)
+        outs = [_reference_unit(layer, x, u, 16, 24, pad) for u in range(units)]
+        w = layer.unit_alpha[:units] / layer.unit_alpha[:units].sum()
+        if dependency == "independent":
+            ref = sum(w[u] * outs[u] for u in range(units))  # eq. 10
+        else:
+            m = layer.shuffle[:units, :units].clamp(min=0)
+            m = m / m.sum(0, keepdim=True)
+            m = m / m.sum(1, keepdim=True)  # eq. 17-18
+            permuted = [sum(m[i, j] * outs[i] for i in range(units)) for j in range(units)]  # eq. 16
+            acc, ref = 0, 0
+            for i, g in enumerate(permuted, start=1):
+                acc = acc + g  # eq. 14
+                ref = ref + w[i - 1] * acc / i  # eq. 15
+    assert (got - ref).abs().max().item() <= 1e-5
+
+
+def test_unit_biases_are_training_only():
+    layer = _mute_layer()
+    x = torch.randn(3, 6, C)
+    dims = LayerArch(16, 24, 1, 1, "sequential", (), 3, "mixed", "independent")
+    with torch.no_grad():
+        assert torch.equal(layer(x, dims, None), layer(x, dims, None))  # eval: golden inputs
+        layer.train()
+        pad = torch.zeros(3, 6, dtype=torch.bool)
+        assert not torch.allclose(layer(x, dims, pad), layer.eval()(x, dims, pad))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_swap_exchanges_two_positions_at_most_3_apart_inside_the_sentence(seed):
+    torch.manual_seed(seed)
+    x = torch.randn(6, 8, C)
+    lengths = torch.tensor([8, 5, 2, 8, 4, 1])
+    switch = torch.tensor([True, True, True, False, True, True])
+    out = apply_unit_bias(x, "swap", lengths, torch.zeros(C), switch)
+    for i in range(6):
+        moved = (out[i] != x[i]).any(-1).nonzero().flatten().tolist()
+        if not switch[i] or lengths[i] == 1:
+            assert moved == []
+            continue
+        assert len(moved) in (0, 2)  # 0 when the clamped partner is the same position
+        if moved:
+            p, q = moved
+            assert q - p <= 3 and q < lengths[i]
+            assert torch.equal(out[i, p], x[i, q]) and torch.equal(out[i, q], x[i, p])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_disorder_permutes_a_window_of_3_and_mask_replaces_one_position(seed):
+    torch.manual_seed(seed)
+    x = torch.randn(4, 7, C)
+    lengths = torch.tensor([7, 3, 5, 2])
+    on = torch.ones(4, dtype=torch.bool)
+    out = apply_unit_bias(x, "disorder", lengths, torch.zeros(C), on)
+    for i in range(4):
+        moved = (out[i] != x[i]).any(-1).nonzero().flatten().tolist()
+        assert all(p < lengths[i] for p in moved) and (not moved or moved[-1] - moved[0] <= 2)
+        assert torch.allclose(out[i].sum(0), x[i].sum(0), atol=1e-5)  # a permutation: same multiset
+    mask = torch.full((C,), 7.0)
+    out = apply_unit_bias(x, "mask", lengths, mask, on)
+    for i in range(4):
+        masked = (out[i] == 7.0).all(-1).nonzero().flatten().tolist()
+        assert len(masked) == 1 and masked[0] < lengths[i]
+        assert (out[i] != x[i]).any(-1).sum() == 1
+
+
+def test_autoshuffle_renormalization_and_penalty():
+    m = torch.tensor([[0.7, -0.2, 0.5], [0.1, 0.9, 0.0], [0.3, 0.3, 0.6]])
+    n = doubly_normalize(m)
+    assert (n >= 0).all() and torch.allclose(n.sum(1), torch.ones(3))
+    assert permutation_penalty(torch.eye(3)[[2, 0, 1]]).item() == pytest.approx(0.0, abs=1e-6)
+    assert permutation_penalty(torch.full((3, 3), 1 / 3)).item() > 1.0

@@ -12,9 +12,10 @@ from nas.space.arch import Arch, StackArch
 V, C, H = 37, 16, 2
 
 
-def _maxima(enc_layers=2, dec_layers=2, width=16, ffn=32, branches=3, paths=1, kernels=()) -> Arch:
+def _maxima(enc_layers=2, dec_layers=2, width=16, ffn=32, branches=3, paths=1, kernels=(), units=1) -> Arch:
     layout = "sequential+prime" if kernels else "sequential"
-    stack = lambda n: StackArch((width,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n, (kernels,) * n)
+    stack = lambda n: StackArch((width,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n, (kernels,) * n,
+                                (units,) * n)
     return Arch(stack(enc_layers), stack(dec_layers))
 
 
@@ -35,7 +36,12 @@ def _random_arch(maxima: Arch, g: torch.Generator) -> Arch:
         paths = tuple(p if lay == "sequential" else 1 for p, lay in zip(pick(m.paths[0], 1), layouts))
         kernels = tuple(tuple(k for k in m.kernels[0] if torch.rand(1, generator=g) < 0.6) if lay == "prime" else ()
                         for lay in layouts)
-        return StackArch(pick(m.width[0], H * 2), pick(m.ffn_width[0], 4), pick(m.branches[0], 1), paths, layouts, kernels)
+        units = pick(m.units[0], 1)
+        biases = tuple(["identity", "swap", "disorder", "mask", "mixed"][int(torch.randint(5, (1,), generator=g))]
+                       if u > 1 else "identity" for u in units)
+        deps = tuple("sequential" if u > 1 and torch.rand(1, generator=g) < 0.5 else "independent" for u in units)
+        return StackArch(pick(m.width[0], H * 2), pick(m.ffn_width[0], 4), pick(m.branches[0], 1), paths, layouts,
+                         kernels, units, biases, deps)
     return Arch(stack(maxima.encoder), stack(maxima.decoder))
 
 
@@ -112,8 +118,12 @@ def test_multi_branch_equals_average_of_single_branch_attentions():
 @pytest.mark.parametrize("seed", range(8))
 def test_extract_equals_supernet_for_random_archs(seed):
     torch.manual_seed(seed)
-    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4, kernels=(3, 5, 7))
+    maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4, kernels=(3, 5, 7), units=3)
     model = SuperTransformer(V, C, H, maxima, more_features=seed % 2 == 0).eval()
+    with torch.no_grad():  # non-trivial unit weights and AutoShuffle matrices
+        for name, p in model.named_parameters():
+            if "unit_alpha" in name or "shuffle" in name:
+                p.add_(0.3 * torch.rand_like(p))
     arch = _random_arch(maxima, torch.Generator().manual_seed(seed))
     sub = extract(model, arch)
     src, tgt = _batch(seed)
@@ -160,14 +170,17 @@ def test_drop_branch_is_active_in_training_only():
     assert not torch.allclose(c, d)
 
 
-@pytest.mark.parametrize("paths,layout,kernels", [(1, "sequential", ()), (2, "sequential", ()), (1, "prime", ()),
-                                                   (1, "prime", (3, 5))])
-def test_cached_decoding_matches_full_recomputation(paths, layout, kernels):
+@pytest.mark.parametrize("paths,layout,kernels,units", [(1, "sequential", (), 1), (2, "sequential", (), 1),
+                                                         (1, "prime", (), 1), (1, "prime", (3, 5), 1),
+                                                         (2, "sequential", (), 3), (1, "prime", (5,), 2)])
+def test_cached_decoding_matches_full_recomputation(paths, layout, kernels, units):
     torch.manual_seed(3)
-    maxima = _maxima(branches=2, paths=2, kernels=(3, 5))
+    maxima = _maxima(branches=2, paths=2, kernels=(3, 5), units=3)
     model = SuperTransformer(V, C, H, maxima).eval()
+    dep = "sequential" if units == 3 else "independent"
     arch = Arch(StackArch((8, 16), (16, 32), (2, 1), (paths, 1)),
-                StackArch((16, 8), (8, 32), (2, 1), (paths, 1), (layout, "sequential"), (kernels, ())))
+                StackArch((16, 8), (8, 32), (2, 1), (paths, 1), (layout, "sequential"), (kernels, ()), (units, 1),
+                          (), (dep, "independent")))
     src, tgt = _batch()
     with torch.no_grad():
         for p in model.parameters():  # non-zero conv kernels and gates
