@@ -103,3 +103,44 @@ def test_export_best_then_translate_in_a_fresh_process(sweep, multi30k):
                           text=True, env=clean_env, cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout.splitlines()) == 5
+
+
+def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
+    """Every family in one tiny supernet: conditional, string and kernel-set choices reach the trials."""
+    space = {
+        "layout": {"values": ["sequential", "prime"], "per_layer": True},
+        "units": {"values": [1, 2], "per_layer": True},
+        "width": {"values": [16, 32], "per_layer": True},
+        "branches": {"values": [1, 2], "per_layer": True},
+        "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
+        "kernels": {"values": [[], [3], [3, 5]], "per_layer": True, "when": {"layout": "prime"}},
+        "unit_bias": {"values": ["mixed", "swap"], "per_layer": True, "when": {"units": [2]}},
+        "unit_dependency": {"values": ["sequential", "independent"], "per_layer": True, "when": {"units": [2]}},
+    }
+    raw = tiny_spec_dict(multi30k, tmp_path, space=space, **{
+        "supernet": {"model_dim": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
+                     "branches": 2, "paths": 2, "units": 2, "kernels": [3, 5], "max_positions": 128},
+        "search": {"trials": 3, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "random"},
+        "tracking": {"experiment": "unified-e2e"},
+    })
+    spec_file = tmp_path / "unified.yaml"
+    spec_file.write_text("# nas sweep unified.yaml\n" + yaml.safe_dump(raw))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
+    proc = _nas(["sweep", str(spec_file)], env, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    sweep_log = proc.stdout[-4000:] + proc.stderr[-6000:]
+    proc = _nas(["leaderboard", "--experiment", "unified-e2e", "--format", "json", "--out", str(tmp_path / "lb.json")],
+                env, tmp_path)
+    rows = json.loads((tmp_path / "lb.json").read_text())
+    assert len(rows) == 3, proc.stdout + sweep_log
+    assert all(r["bleu"] is not None and r["latency_ms"] > 0 for r in rows)
+    from nas.space.arch import Arch
+
+    archs = []
+    for run_dir in (tmp_path / "mlruns").rglob("arch.json"):
+        archs.append(Arch.from_json(run_dir.read_text()))
+    assert len(archs) == 3
+    proc = _nas(["export", "--best", "--experiment", "unified-e2e", "--out", str(tmp_path / "exported")], env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    proc = _nas(["translate", str(tmp_path / "exported")], env, tmp_path, stdin="A man is riding a bike .\n")
+    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 1

@@ -200,31 +200,40 @@ def _greedy_by_recomputation(model, src, arch, steps):
     return out[:, 1:]
 
 
-def test_beam_size_one_equals_greedy_recomputation():
+PRIME_UNITS = Arch(StackArch((16,), (32,), (1,), (), ("prime",), ((3,),), (2,), ("swap",), ("sequential",)),
+                   StackArch((16, 8), (32, 16), (2, 1), (1, 2), ("prime", "sequential"), ((3, 5), ()), (2, 1)))
+
+
+@pytest.mark.parametrize("family", ["sequential", "prime+units"])
+def test_beam_size_one_equals_greedy_recomputation(family):
     torch.manual_seed(4)
-    model = SuperTransformer(V, C, H, _maxima()).eval()
+    model = SuperTransformer(V, C, H, _maxima(paths=2, kernels=(3, 5), units=2)).eval()
+    arch = None if family == "sequential" else PRIME_UNITS
     src, _ = _batch()
     with torch.no_grad():
-        hyps = beam_search(model, src, beam_size=1, max_len_a=0.0, max_len_b=6)
-        ref = _greedy_by_recomputation(model, src, None, 6)
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        hyps = beam_search(model, src, arch, beam_size=1, max_len_a=0.0, max_len_b=6)
+        ref = _greedy_by_recomputation(model, src, arch, 6)
     for hyp, r in zip(hyps, ref.tolist()):
         r = r[: r.index(3)] if 3 in r else r[:5]
         assert hyp == r
 
 
-def test_beam_search_finds_at_least_the_greedy_score():
+@pytest.mark.parametrize("arch", [None, PRIME_UNITS], ids=["sequential", "prime+units"])
+def test_beam_search_scores_equal_a_full_recomputation_of_the_chosen_hypotheses(arch):
+    """Every beam's cached state (self-attention, causal conv, cross-attention) follows its hypothesis."""
     torch.manual_seed(5)
-    model = SuperTransformer(V, C, H, _maxima(paths=2)).eval()
+    model = SuperTransformer(V, C, H, _maxima(paths=2, kernels=(3, 5), units=2)).eval()
     src, _ = _batch(b=4)
-
-    def score(hyp, i):
-        tgt = torch.tensor([[2] + hyp])
-        lp = torch.log_softmax(model(src[i:i + 1], tgt), -1)[0]
-        ids = hyp + [3]
-        return sum(lp[j, t].item() for j, t in enumerate(ids)) / len(ids)
-
     with torch.no_grad():
-        greedy = beam_search(model, src, beam_size=1)
-        beam = beam_search(model, src, beam_size=4)
-        for i in range(4):
-            assert score(beam[i], i) >= score(greedy[i], i) - 1e-4
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+        hyps, scores = beam_search(model, src, arch, beam_size=4, return_scores=True)
+        for i, (hyp, score) in enumerate(zip(hyps, scores)):
+            tgt = torch.tensor([[2] + hyp])
+            lp = torch.log_softmax(model(src[i:i + 1], tgt, arch), -1)[0]
+            ids = hyp + [3]
+            assert sum(lp[j, t].item() for j, t in enumerate(ids)) / len(ids) == pytest.approx(score, abs=1e-4)
+        greedy = beam_search(model, src, arch, beam_size=1)
+    assert hyps != greedy or arch is None  # the test must exercise real beam reordering

@@ -13,7 +13,7 @@ __all__ = ["beam_search"]
 @torch.no_grad()
 def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = None, *, beam_size: int = 4,
                 bos_id: int = 2, eos_id: int = 3, len_penalty: float = 1.0, max_len_a: float = 1.5,
-                max_len_b: int = 10) -> list[list[int]]:
+                max_len_b: int = 10, return_scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
     """Translate a batch with beam search; returns the best hypothesis per sentence (ids, no BOS/EOS).
 
     Hypotheses are ranked by ``sum log p / len**len_penalty`` (len counts the EOS), as in
@@ -26,6 +26,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         src: ``[b, s]`` source ids with EOS, PAD-padded.
         arch: the sub-Transformer (None: the model's widest).
         beam_size: beams per sentence (1 gives greedy decoding).
+        return_scores: also return each best hypothesis's normalized score (log-probability / len**len_penalty).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
@@ -73,11 +74,13 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         src_rows = (keep[:, None] * k + next_beam[keep]).reshape(-1)  # [n_keep*k]
         tokens = torch.cat([tokens.index_select(0, src_rows), next_tok[keep].reshape(-1, 1)], 1)
         scores = cont_scores[keep]
-        SuperTransformer.reorder_cache(cache, src_rows, "self")
+        SuperTransformer.reorder_cache(cache, src_rows, ("self", "conv"))
         if keep.numel() < n_act:
             sent_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
-            SuperTransformer.reorder_cache(cache, sent_rows, "cross")
+            SuperTransformer.reorder_cache(cache, sent_rows, ("cross",))
             memory, src_pad = memory.index_select(0, sent_rows), src_pad.index_select(0, sent_rows)
         active = active[keep]
         step += 1
-    return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
+    best = [max(hyps, key=lambda h: h[0]) for hyps in finished]
+    hyps = [h[1] for h in best]
+    return (hyps, [h[0] for h in best]) if return_scores else hyps

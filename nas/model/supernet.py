@@ -9,6 +9,7 @@ arch, holding only the cropped weights (:func:`extract`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
-from nas.space.arch import Arch
+from nas.space.arch import Arch, StackArch
 
 __all__ = ["SuperTransformer", "extract", "count_params"]
 
@@ -81,9 +82,19 @@ class SuperTransformer(nn.Module):
         cfg["max_arch"] = Arch.from_dict(cfg["max_arch"])
         return cls(**cfg)
 
+    @property
+    def full_arch(self) -> Arch:
+        """The widest runnable sub-Transformer: the maxima, each layer in its first supported layout."""
+        def runnable(stack: StackArch) -> StackArch:
+            layouts = tuple(layout.split("+")[0] for layout in stack.layout)
+            kernels = tuple(ks if layout == "prime" else () for ks, layout in zip(stack.kernels, layouts))
+            paths = tuple(p if layout == "sequential" else 1 for p, layout in zip(stack.paths, layouts))
+            return dataclasses.replace(stack, layout=layouts, kernels=kernels, paths=paths)
+        return Arch(runnable(self.max_arch.encoder), runnable(self.max_arch.decoder))
+
     def _check(self, arch: Arch | None) -> Arch:
         if arch is None:
-            return self.max_arch
+            return self.full_arch
         arch.check_within(self.max_arch)
         for stack in (arch.encoder, arch.decoder):
             for i, w in enumerate(stack.width):
@@ -143,16 +154,18 @@ class SuperTransformer(nn.Module):
         return F.linear(self.decoder_norm(x[:, -1]), self.embed.weight)
 
     @staticmethod
-    def reorder_cache(cache: list[LayerCache], index: torch.Tensor, part: str) -> None:
-        """Select rows ``index [n']`` of the cached ``part`` ("self" or "cross") in place.
+    def reorder_cache(cache: list[LayerCache], index: torch.Tensor, parts: tuple[str, ...]) -> None:
+        """Select rows ``index [n']`` of the cached ``parts`` in place.
 
-        Beam search reorders "self" every step; "cross" (equal across the beams of a
-        sentence) only when finished sentences leave the batch."""
+        Beam search reorders the per-hypothesis state ("self" attention keys/values and the
+        "conv" window) every step, and "cross" (equal across the beams of a sentence) only
+        when finished sentences leave the batch. Every cached tensor has the batch at dim 1.
+        """
         for layer in cache:
-            tensors = layer.get(part, {})
-            for key in tensors:  # [P, n, heads, t, d_h]: the batch is dim 1
-                tensors[key] = tensors[key].index_select(1, index)
-
+            for part in parts:
+                tensors = layer.get(part, {})
+                for key in tensors:
+                    tensors[key] = tensors[key].index_select(1, index)
 
     def autoshuffle_penalty(self) -> torch.Tensor:
         """Sum of the MUTE permutation penalties (eq. 19) of every layer with units (0 without)."""
