@@ -1,0 +1,133 @@
+"""Speed of the unified layer's batched families, as ratios printed side by side in one run.
+
+Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
+
+1. A 3-branch attention of width 256 against a 1-branch attention of width 768 (same FLOPs),
+   forward + backward (goal <= 1.15): branches are extra heads of one SDPA call.
+2. A 4-path FFN sublayer (per-path LN, FFN, PathNorm, weighted fuse) against a 1-path FFN
+   sublayer with 4x the inner width (goal <= 1.15): paths are one batched matmul.
+3. The supernet running an arch against ``extract(arch)`` running the same arch, for random
+   archs of ``search_spaces/unified.yaml``: training step (forward + backward, goal <= 1.15)
+   and inference (teacher-forced forward, no grad; goal <= 1.05).
+
+Rounds are interleaved (A, B, A, B, ...) and medians compared, so machine noise hits both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+
+from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion
+from nas.model.supernet import extract
+from nas.space.space import SearchSpace
+from nas.space.spec import load_spec
+from trainers import build_supernet
+
+
+def _time(fn: Callable[[], None], reps: int) -> float:
+    fn()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps
+
+
+def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: int, reps: int, goal: float) -> float:
+    ta, tb = [], []
+    for _ in range(rounds):
+        ta.append(_time(a, reps))
+        tb.append(_time(b, reps))
+    ratio = statistics.median(ta) / statistics.median(tb)
+    print(f"{name:<62}{statistics.median(ta) * 1e3:>9.2f} ms {statistics.median(tb) * 1e3:>9.2f} ms"
+          f"{ratio:>8.3f}  (goal <= {goal})")
+    return ratio
+
+
+def _attention_step(attn: MultiBranchAttention, x: torch.Tensor, width: int, branches: int, autocast) -> Callable[[], None]:
+    def step() -> None:
+        attn.zero_grad(set_to_none=True)
+        with autocast:
+            y = attn(x, width=width, branches=branches, causal=True)
+        y.float().square().mean().backward()
+    return step
+
+
+def _ffn_step(fusion: PathFusion, ffn: ElasticFFN, x: torch.Tensor, paths: int, width: int, autocast) -> Callable[[], None]:
+    def step() -> None:
+        ffn.zero_grad(set_to_none=True)
+        fusion.zero_grad(set_to_none=True)
+        with autocast:
+            y = fusion.fuse(x, ffn(fusion.paths_in(x, paths), width))
+        y.float().square().mean().backward()
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--archs", type=int, default=3, help="random unified.yaml archs for the extract comparison")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
+    print(f"{args.threads} threads, {args.precision}; medians of {args.rounds} interleaved rounds x {args.reps} reps")
+    print(f"{'comparison (A vs B)':<62}{'A':>12}{'B':>12}{'A/B':>8}")
+
+    c, bsz, t = 512, 32, 32
+    x = torch.randn(1, bsz, t, c)  # [groups, b, t, C]
+    three = MultiBranchAttention(c, 256, 3, heads=4)
+    one = MultiBranchAttention(c, 768, 1, heads=12)  # same head width (64) and FLOPs
+    _compare("attention fwd+bwd: 3 branches x 256 vs 1 branch x 768", _attention_step(three, x, 256, 3, autocast),
+             _attention_step(one, x, 768, 1, autocast), args.rounds, args.reps, 1.15)
+
+    xs = torch.randn(1, bsz, t, c, requires_grad=False)
+    four = (PathFusion(c, 4), ElasticFFN(c, 512, max_paths=4))
+    wide = (PathFusion(c, 1), ElasticFFN(c, 2048, max_paths=1))
+    _compare("FFN sublayer fwd+bwd: 4 paths x 512 vs 1 path x 2048", _ffn_step(*four, xs, 4, 512, autocast),
+             _ffn_step(*wide, xs, 1, 2048, autocast), args.rounds, args.reps, 1.15)
+
+    spec = load_spec("search_spaces/unified.yaml", check_files=False)
+    space = SearchSpace.from_spec(spec)
+    supernet = build_supernet(spec, 6000)
+    supernet.drop_branch = 0.0  # the same computation on both sides (drop-branch is random)
+    src = torch.randint(4, 6000, (bsz, 24))
+    tgt = torch.randint(4, 6000, (bsz, 26))
+    for i in range(args.archs):
+        arch = space.sample(random.Random(i))
+        sub = extract(supernet, arch)
+        sub.drop_branch = 0.0
+
+        def train_step(model, arch=arch):
+            def step() -> None:
+                model.zero_grad(set_to_none=True)
+                with autocast:
+                    logits = model(src, tgt, arch)
+                logits.float().logsumexp(-1).mean().backward()
+            return step
+
+        def infer(model, arch=arch):
+            def step() -> None:
+                with torch.no_grad(), autocast:
+                    model(src, tgt, arch)
+            return step
+
+        print(f"arch {i}: {arch.summary()}")
+        supernet.train(), sub.train()
+        _compare(f"  training step: supernet vs extract(arch)", train_step(supernet), train_step(sub),
+                 args.rounds, args.reps, 1.15)
+        supernet.eval(), sub.eval()
+        _compare(f"  inference: supernet vs extract(arch)", infer(supernet), infer(sub), args.rounds, args.reps, 1.05)
+
+
+if __name__ == "__main__":
+    main()
