@@ -337,3 +337,29 @@ def test_autoshuffle_renormalization_and_penalty():
     assert (n >= 0).all() and torch.allclose(n.sum(1), torch.ones(3))
     assert permutation_penalty(torch.eye(3)[[2, 0, 1]]).item() == pytest.approx(0.0, abs=1e-6)
     assert permutation_penalty(torch.full((3, 3), 1 / 3)).item() > 1.0
+
+
+# ---- MAT proximal initialization ---------------------------------------------------------------------
+
+
+def test_proximal_initialization_gives_every_branch_the_single_branch_model(tmp_path):
+    """MAT sec. 3.3: N_a identical branches averaged equal the one-branch model they came from."""
+    from safetensors.torch import save_file
+
+    from nas.model import SuperTransformer
+    from nas.space.arch import Arch, StackArch
+    from trainers.proximal import load_proximal_source, proximal_initialize
+
+    torch.manual_seed(0)
+    one = Arch(StackArch((C, C), (24, 24), (1, 1)), StackArch((C,), (24,), (1,)))
+    three = Arch(StackArch((C, C), (24, 24), (3, 3)), StackArch((C,), (24,), (3,)))
+    single = SuperTransformer(40, C, H, one).eval()
+    save_file({k: v.contiguous() for k, v in single.state_dict().items()}, str(tmp_path / "single.safetensors"))
+    multi = SuperTransformer(40, C, H, three).eval()
+    names = proximal_initialize(multi, load_proximal_source(tmp_path / "single.safetensors"))
+    assert any(n.endswith("attn.w_in") for n in names) and "embed.weight" in names
+    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    with torch.no_grad():
+        assert (multi(src, tgt, three) - single(src, tgt)).abs().max().item() <= 1e-5
+    with pytest.raises(FileNotFoundError, match="train.proximal_init"):
+        load_proximal_source(tmp_path / "missing.safetensors")

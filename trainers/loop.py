@@ -31,6 +31,7 @@ from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import SuperTransformer
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
+from trainers.proximal import load_proximal_source, proximal_initialize
 from nas.model.losses import label_smoothed_nll
 
 __all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
@@ -118,6 +119,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         torch.set_rng_state(ckpt["torch_rng"])
         rng.setstate(_as_tuple(ckpt["sampler_rng"]))
         state = ckpt["state"]
+    elif tr.proximal_init is not None:  # a fresh run: MAT sec. 3.3
+        proximal_initialize(model, load_proximal_source(tr.proximal_init))
     if state["step"] >= tr.steps and (out_dir / "metrics.json").is_file():
         return TrainResult(out_dir, state["step"], dict(state["final"]))
 

@@ -136,6 +136,8 @@ class TrainSpec(_Strict):
     threads: int | None = Field(None, ge=1)
     """torch threads for standalone training (None: torch's default); Ray trials use resources.cpu."""
     seed: int = 0
+    proximal_init: Path | None = None
+    """MAT proximal initialization (sec. 3.3): a single-branch ``*.safetensors`` whose branch 0 starts every branch."""
     unit_bias_rate: float = Field(0.5, ge=0.0, le=1.0)
     """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2)."""
     autoshuffle_penalty: float = Field(0.01, ge=0.0)
