@@ -83,3 +83,18 @@ def test_a_supernet_of_another_configuration_is_refused_and_kept(prepared, tmp_p
     with pytest.raises(ValueError, match="another configuration"):
         train_supernet(wider, data, tmp_path, progress=False)
     assert (tmp_path / "supernet.safetensors").read_bytes() == before
+
+
+def test_training_with_units_keeps_autoshuffle_matrices_normalized(prepared, tmp_path):
+    """MUTE eq. 17-18 after every optimizer step, with the eq. 19 penalty in the loss (eq. 20)."""
+    raw, data = prepared
+    spec = parse_spec({**raw, "supernet": {**raw["supernet"], "units": 2},
+                       "space": {**raw["space"], "units": {"values": [1, 2], "per_layer": True},
+                                 "unit_dependency": {"values": ["sequential"], "per_layer": True}},
+                       "train": {**raw["train"], "steps": 3, "autoshuffle_penalty": 0.1}})
+    result = train_supernet(spec, data, tmp_path, progress=False)
+    model = load_model(tmp_path, "supernet")
+    for layer in (*model.encoder, *model.decoder):
+        m = layer.shuffle
+        assert (m >= 0).all() and torch.allclose(m.sum(1), torch.ones(2), atol=1e-5)
+    assert math.isfinite(result.metrics["widest_valid_loss"])
