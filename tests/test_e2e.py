@@ -22,6 +22,17 @@ def _nas(args: list[str], env: dict, cwd: Path, stdin: str | None = None) -> sub
                           env=env, cwd=cwd, timeout=900)
 
 
+def _run_sweep(raw: dict, work: Path) -> tuple[dict, str]:
+    """Write ``raw`` as a YAML in ``work`` and run ``nas sweep`` on it in a subprocess; returns (env, log)."""
+    spec_file = work / f"{raw['tracking']['experiment']}.yaml"
+    spec_file.write_text(f"# nas sweep {spec_file.name}\n" + yaml.safe_dump(raw))
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
+    proc = _nas(["sweep", str(spec_file)], env, work)
+    log = proc.stdout[-4000:] + proc.stderr[-6000:]
+    assert proc.returncode == 0, log
+    return env, log
+
+
 @pytest.fixture(scope="module")
 def sweep(multi30k, tmp_path_factory):
     work = tmp_path_factory.mktemp("e2e")
@@ -30,12 +41,8 @@ def sweep(multi30k, tmp_path_factory):
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
         "tracking": {"experiment": "e2e"},
     })
-    spec_file = work / "tiny.yaml"
-    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
-    proc = _nas(["sweep", str(spec_file)], env, work)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return work, env, raw, proc
+    env, log = _run_sweep(raw, work)
+    return work, env, raw, log
 
 
 def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
@@ -49,7 +56,7 @@ def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
         parent = parents[0]
         sweep_id = parent.data.tags["nas.sweep_id"]
         client = tracking.get_client()
-        assert "tiny.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+        assert "e2e.yaml" in [a.path for a in client.list_artifacts(parent.info.run_id)]
         children = tracking.find_runs("e2e", parent_run_id=parent.info.run_id)
         roles = sorted(r.data.tags["nas.role"] for r in children)
         assert roles == ["supernet", "trial", "trial"]
@@ -123,12 +130,7 @@ def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
         "search": {"trials": 3, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "random"},
         "tracking": {"experiment": "unified-e2e"},
     })
-    spec_file = tmp_path / "unified.yaml"
-    spec_file.write_text("# nas sweep unified.yaml\n" + yaml.safe_dump(raw))
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}", "PYTHONPATH": str(REPO)}
-    proc = _nas(["sweep", str(spec_file)], env, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    sweep_log = proc.stdout[-4000:] + proc.stderr[-6000:]
+    env, sweep_log = _run_sweep(raw, tmp_path)
     proc = _nas(["leaderboard", "--experiment", "unified-e2e", "--format", "json", "--out", str(tmp_path / "lb.json")],
                 env, tmp_path)
     rows = json.loads((tmp_path / "lb.json").read_text())
