@@ -253,7 +253,7 @@ class PathFusion(nn.Module):
         if n_paths == 1 and units == 1:
             return F.layer_norm(x, (c,), self.ln_weight[0, 0], self.ln_bias[0, 0])
         w, b = self.ln_weight[:units, :n_paths], self.ln_bias[:units, :n_paths]  # [U, P, C]
-        normed = F.layer_norm(x, (c,)).unsqueeze(1) * w[:, :, None, None] + b[:, :, None, None]  # [U, P, b, t, C]
+        normed = torch.addcmul(b[:, :, None, None], F.layer_norm(x, (c,)).unsqueeze(1), w[:, :, None, None])  # [U, P, b, t, C]
         return normed.flatten(0, 1)
 
     def fuse(self, x: torch.Tensor, ys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
@@ -274,11 +274,12 @@ class PathFusion(nn.Module):
             bias = torch.cat([bias, self.new_pathnorm_bias[:units, :n_paths]], 1)
             alpha = torch.cat([alpha, self.new_alpha[:units, :n_paths]], 1)
             keep = None if keep is None else keep.view(units, n_paths, *keep.shape[1:]).repeat(1, 2, 1, 1, 1).flatten(0, 1)
-        ys = F.layer_norm(ys, (self.model_dim,)) * weight[:, :, None, None] + bias[:, :, None, None]  # PathNorm
-        ys = ys * alpha[:, :, None, None, None]
+        # alpha_i * PathNorm_i(y) = LN(y) * (alpha_i * gamma_i) + alpha_i * beta_i: one fused pass
+        weight, bias = weight * alpha[..., None], bias * alpha[..., None]
+        ys = torch.addcmul(bias[:, :, None, None], F.layer_norm(ys, (self.model_dim,)), weight[:, :, None, None])
         if keep is not None:
             ys = ys * keep.view(*ys.shape[:2], *keep.shape[1:])
-        return self.beta[:units, None, None, None] * x + ys.sum(1)
+        return torch.addcmul(ys.sum(1), self.beta[:units, None, None, None], x)
 
 
 class DynamicConv(nn.Module):
