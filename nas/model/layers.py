@@ -178,7 +178,7 @@ class MultiBranchAttention(nn.Module):
         b_out = crop(self.b_out, slice(nb))  # [G, B, C]
         if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
             w_out = w_out if nb == 1 else w_out / nb
-            return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, b_out.mean(1))
+            return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, b_out[:, 0] if nb == 1 else b_out.mean(1))
         scale = branch_scale / nb  # [G, b, B]
         o = o * scale[:, :, None, :, None].to(o.dtype)
         b_out = torch.einsum("pbk,pkc->pbc", scale, b_out)[:, :, None, :]  # [G, b, 1, C]

@@ -10,6 +10,7 @@ arch, holding only the cropped weights (:func:`extract`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -53,6 +54,7 @@ class SuperTransformer(nn.Module):
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.unit_bias_rate = unit_bias_rate
+        self._checked: set[Arch] = set()
         self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
         with torch.no_grad():
@@ -82,7 +84,7 @@ class SuperTransformer(nn.Module):
         cfg["max_arch"] = Arch.from_dict(cfg["max_arch"])
         return cls(**cfg)
 
-    @property
+    @functools.cached_property
     def full_arch(self) -> Arch:
         """The widest runnable sub-Transformer: the maxima, each layer in its first supported layout."""
         def runnable(stack: StackArch) -> StackArch:
@@ -95,11 +97,14 @@ class SuperTransformer(nn.Module):
     def _check(self, arch: Arch | None) -> Arch:
         if arch is None:
             return self.full_arch
+        if arch in self._checked:  # archs are frozen and hashable: validate each once
+            return arch
         arch.check_within(self.max_arch)
         for stack in (arch.encoder, arch.decoder):
             for i, w in enumerate(stack.width):
                 if w % self.heads:
                     raise ValueError(f"arch width[{i}]={w} is not divisible by heads={self.heads}")
+        self._checked.add(arch)
         return arch
 
     def _embed(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
