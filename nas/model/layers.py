@@ -8,9 +8,10 @@ eq. 5-6), and drop-branch on the FFN (eq. 7). Paths follow the Multi-Path Transf
 ``n`` parallel pre-norm paths per sublayer, each ending in a PathNorm, fused as
 ``beta * x + sum_i alpha_i * Path_i(x)`` (eq. 4-6).
 
-Paths and branches of a sublayer run as ONE batched matrix product (their weights are
-stacked: ``[paths, branches, ...]``), never as a Python loop over modules. Activations
-inside a sublayer are laid out ``[P, b, t, ...]`` (paths first).
+Units (MUTE), paths and branches of a sublayer run as ONE batched matrix product (their
+weights are stacked: ``[units, paths, branches, ...]``), never as a Python loop over
+modules. Activations inside a sublayer are laid out ``[G, b, t, ...]`` with G = units x
+paths groups first (unit-major).
 """
 
 from __future__ import annotations
@@ -60,9 +61,9 @@ def drop_mask(shape: tuple[int, ...], rho: float, device: torch.device) -> torch
 
 
 def path_project(xs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """Per-path linear map: ``xs [P, b, t, C]``, ``weight [P, K, C]``, ``bias [P, K]`` -> ``[P, b, t, K]``.
+    """Per-group linear map: ``xs [G, b, t, C]``, ``weight [G, K, C]``, ``bias [G, K]`` -> ``[G, b, t, K]``.
 
-    One ``F.linear`` for a single path, else one ``baddbmm`` over all paths.
+    One ``F.linear`` for a single group, else one ``baddbmm`` over all groups.
     """
     n_paths, bsz, t, c = xs.shape
     if n_paths == 1:
@@ -75,10 +76,10 @@ def path_project(xs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 class MultiBranchAttention(nn.Module):
     """``N_a`` branches of multi-head attention, averaged (MAT eq. 4 without the residual), per path.
 
-    Weights are stacked over paths and branches: ``w_in [P, N_a, 3, D, C]`` (q, k, v) and
-    ``w_out [P, N_a, C, D]``, where C is the model width and D the widest attention width.
-    A call with ``paths=P_l, branches=B_l, width=D_l`` uses the leading block
-    ``w_in[:P_l, :B_l, :, :D_l, :]`` (top-left crop, Scalable Transformers sec. 3.1).
+    Weights are stacked over units, paths and branches: ``w_in [U, P, N_a, 3, D, C]`` (q, k, v)
+    and ``w_out [U, P, N_a, C, D]``, where C is the model width and D the widest attention
+    width. A call on U_l units x P_l paths with ``branches=B_l, width=D_l`` uses the leading
+    block ``w_in[:U_l, :P_l, :B_l, :, :D_l, :]`` (top-left crop, Scalable Transformers sec. 3.1).
     The head count is fixed, so the head width is ``D_l / heads``; every (path, branch)
     pair becomes ``heads`` extra attention heads of one ``scaled_dot_product_attention``.
 
@@ -139,53 +140,53 @@ class MultiBranchAttention(nn.Module):
         Returns:
             ``[G, b, t, C]``: per group ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
         """
-        n_paths, bsz, t, c = xs.shape  # n_paths counts groups (units x paths) from here on
+        groups, bsz, t, c = xs.shape  # groups = units x paths
         nb = branches
-        crop = lambda p, *rest: p[:units, : n_paths // units][(slice(None), slice(None), *rest)].flatten(0, 1)
+        crop = lambda p, *rest: p[:units, : groups // units][(slice(None), slice(None), *rest)].flatten(0, 1)
         w_in, b_in = crop(self.w_in, slice(nb), slice(None), slice(width)), crop(self.b_in, slice(nb), slice(None), slice(width))
         if memory is None:
-            qkv = path_project(xs, w_in.reshape(n_paths, nb * 3 * width, c), b_in.reshape(n_paths, -1))
-            q, k, v = qkv.view(n_paths, bsz, t, nb, 3, width).unbind(4)  # each [P, b, t, B, D]
+            qkv = path_project(xs, w_in.reshape(groups, nb * 3 * width, c), b_in.reshape(groups, -1))
+            q, k, v = qkv.view(groups, bsz, t, nb, 3, width).unbind(4)  # each [G, b, t, B, D]
             if values is not None:
                 values.append(v[:, :, :, 0])  # [G, b, t, D]
-            k, v = self._heads(k), self._heads(v)  # [P, b, B*h, t, dh]
+            k, v = self._heads(k), self._heads(v)  # [G, b, B*h, t, dh]
             if cache is not None:
                 if "k" in cache:
                     k, v = torch.cat([cache["k"], k], 3), torch.cat([cache["v"], v], 3)
                 cache["k"], cache["v"] = k, v
         else:
-            q = path_project(xs, w_in[:, :, 0].reshape(n_paths, nb * width, c), b_in[:, :, 0].reshape(n_paths, -1))
-            q = q.view(n_paths, bsz, t, nb, width)
+            q = path_project(xs, w_in[:, :, 0].reshape(groups, nb * width, c), b_in[:, :, 0].reshape(groups, -1))
+            q = q.view(groups, bsz, t, nb, width)
             if cache is not None and "ck" in cache:
                 k, v = cache["ck"], cache["cv"]
             else:
                 s = memory.size(1)  # memory is shared by the paths: one matmul for all of them
-                kv = F.linear(memory, w_in[:, :, 1:].reshape(n_paths * nb * 2 * width, c), b_in[:, :, 1:].reshape(-1))
-                kv = kv.view(bsz, s, n_paths, nb, 2, width).permute(2, 0, 1, 3, 4, 5)  # [P, b, s, B, 2, D]
-                k, v = kv.unbind(4)  # each [P, b, s, B, D]
-                k, v = self._heads(k), self._heads(v)  # [P, b, B*h, s, dh]
+                kv = F.linear(memory, w_in[:, :, 1:].reshape(groups * nb * 2 * width, c), b_in[:, :, 1:].reshape(-1))
+                kv = kv.view(bsz, s, groups, nb, 2, width).permute(2, 0, 1, 3, 4, 5)  # [G, b, s, B, 2, D]
+                k, v = kv.unbind(4)  # each [G, b, s, B, D]
+                k, v = self._heads(k), self._heads(v)  # [G, b, B*h, s, dh]
                 if cache is not None:
                     cache["ck"], cache["cv"] = k, v
-        q = self._heads(q)  # [P, b, B*h, t, dh]
+        q = self._heads(q)  # [G, b, B*h, t, dh]
         mask = None if key_pad is None else ~key_pad[None, :, None, None, :]  # [1, b, 1, 1, s], True = attend
         with sdpa_kernel(_CPU_BACKENDS if q.device.type == "cpu" else _ALL_BACKENDS):
             o = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=causal and mask is None,
                 dropout_p=self.dropout if self.training else 0.0,
-            )  # [P, b, B*h, t, dh]
-        o = o.transpose(2, 3).reshape(n_paths, bsz, t, nb, width)  # [P, b, t, B, D]
-        w_out = crop(self.w_out, slice(nb), slice(None), slice(width)).permute(0, 2, 1, 3).reshape(n_paths, c, nb * width)  # [G, C, B*D]
+            )  # [G, b, B*h, t, dh]
+        o = o.transpose(2, 3).reshape(groups, bsz, t, nb, width)  # [G, b, t, B, D]
+        w_out = crop(self.w_out, slice(nb), slice(None), slice(width)).permute(0, 2, 1, 3).reshape(groups, c, nb * width)  # [G, C, B*D]
         b_out = crop(self.b_out, slice(nb))  # [G, B, C]
         if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
             w_out = w_out if nb == 1 else w_out / nb
-            return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, b_out[:, 0] if nb == 1 else b_out.mean(1))
+            return path_project(o.reshape(groups, bsz, t, nb * width), w_out, b_out[:, 0] if nb == 1 else b_out.mean(1))
         scale = branch_scale / nb  # [G, b, B]
         o = o * scale[:, :, None, :, None].to(o.dtype)
         b_out = torch.einsum("pbk,pkc->pbc", scale, b_out)[:, :, None, :]  # [G, b, 1, C]
-        return path_project(o.reshape(n_paths, bsz, t, nb * width), w_out, None) + b_out
+        return path_project(o.reshape(groups, bsz, t, nb * width), w_out, None) + b_out
 
     def _heads(self, z: torch.Tensor) -> torch.Tensor:
-        """``[P, b, t, B, D] -> [P, b, B*h, t, D/h]``: branches become extra attention heads."""
+        """``[G, b, t, B, D] -> [G, b, B*h, t, D/h]``: branches become extra attention heads."""
         n_paths, bsz, t, nb, width = z.shape
         return z.reshape(n_paths, bsz, t, nb * self.heads, width // self.heads).transpose(2, 3)
 
