@@ -123,10 +123,10 @@ def main() -> None:
 
         print(f"arch {i}: {arch.summary()}")
         supernet.train(), sub.train()
-        _compare(f"  training step: supernet vs extract(arch)", train_step(supernet), train_step(sub),
+        _compare("  training step: supernet vs extract(arch)", train_step(supernet), train_step(sub),
                  args.rounds, args.reps, 1.15)
         supernet.eval(), sub.eval()
-        _compare(f"  inference: supernet vs extract(arch)", infer(supernet), infer(sub), args.rounds, args.reps, 1.05)
+        _compare("  inference: supernet vs extract(arch)", infer(supernet), infer(sub), args.rounds, args.reps, 1.05)
 
 
 if __name__ == "__main__":

@@ -51,14 +51,19 @@ class TrainResult:
     """Final metrics: ``widest_bleu``, ``widest_chrf``, ``widest_valid_loss``, ``train_loss``, ``train_seconds``."""
 
 
-def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
-    """The supernet of a sweep: maxima from ``spec.supernet`` and the space."""
+def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
+    """The sweep's supernet constructor arguments, JSON-ready (what ``SuperTransformer.config()`` returns)."""
     sn = spec.supernet
     maxima = SearchSpace.from_spec(spec).supernet_maxima(spec)
-    return SuperTransformer(vocab_size, sn.model_dim, sn.heads, maxima, dropout=sn.dropout,
-                            attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
-                            max_positions=sn.max_positions, more_features=sn.more_features,
-                            unit_bias_rate=spec.train.unit_bias_rate)
+    return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, max_arch=maxima.to_dict(),
+                dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
+                max_positions=sn.max_positions, pad_id=0, more_features=sn.more_features,
+                unit_bias_rate=spec.train.unit_bias_rate)
+
+
+def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
+    """The supernet of a sweep: maxima from ``spec.supernet`` and the space."""
+    return SuperTransformer.from_config(supernet_config(spec, vocab_size))
 
 
 def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
@@ -202,7 +207,7 @@ def supernet_fingerprint(spec: SweepSpec, data: PreparedData) -> str:
 
     Steps, logging and checkpoint intervals are left out, so training can be extended.
     """
-    config = build_supernet(spec, data.vocab_size).config()
+    config = supernet_config(spec, data.vocab_size)  # no weights allocated
     return json.dumps({"format": FORMAT_VERSION, "model": config, "data": Path(data.root).name}, sort_keys=True)
 
 
