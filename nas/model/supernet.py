@@ -48,12 +48,13 @@ class SuperTransformer(nn.Module):
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
-                 pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0) -> None:
+                 pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0,
+                 io_projection: bool = False) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
-        self.unit_bias_rate = unit_bias_rate
+        self.unit_bias_rate, self.io_projection = unit_bias_rate, io_projection
         self._checked: set[Arch] = set()
         self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
@@ -76,7 +77,7 @@ class SuperTransformer(nn.Module):
                     max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
                     max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features,
-                    unit_bias_rate=self.unit_bias_rate)
+                    unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":

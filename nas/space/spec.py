@@ -54,7 +54,8 @@ class DataSpec(_Strict):
 
 class SupernetSpec(_Strict):
     model_dim: int = Field(..., ge=8)
-    """C: model width (channels), fixed for every sub-Transformer (type-2 Scalable Transformers)."""
+    """C: the widest model width (channels); every sub-Transformer's unless ``space.model_width`` chooses
+    a narrower one (type-1 Scalable Transformers, sec. 3.2)."""
     heads: int = Field(4, ge=1)
     """Attention heads per branch; every attention width must be divisible by it."""
     encoder_layers: int = Field(..., ge=1)
@@ -75,6 +76,9 @@ class SupernetSpec(_Strict):
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
     """Longest sequence (tokens) the sinusoidal position table covers."""
+    io_projection: bool | None = None
+    """The input/output projections of Scalable Transformers eq. 3 between the ``model_dim``-wide word
+    embeddings and the (croppable) model width. None: on exactly when the space chooses ``model_width``."""
 
 
 class Dimension(_Strict):
@@ -89,6 +93,9 @@ class Dimension(_Strict):
 
 
 class SpaceSpec(_Strict):
+    model_width: Dimension | None = None
+    """C per sub-Transformer (type-1 Scalable Transformers): one model width for every layer, cropped
+    from ``supernet.model_dim`` with the eq. 3 input/output projections; default: model_dim only."""
     encoder_layers: Dimension | None = None
     """Encoder depth choices; default: the supernet's depth only."""
     decoder_layers: Dimension | None = None
@@ -196,6 +203,13 @@ class SweepSpec(_Strict):
     @property
     def run_dir(self) -> Path:
         return self.workdir / self.name
+
+    @property
+    def io_projection(self) -> bool:
+        """Whether the supernet has the eq. 3 input/output projections (Scalable Transformers)."""
+        if self.supernet.io_projection is not None:
+            return self.supernet.io_projection
+        return self.space.model_width is not None
 
     @model_validator(mode="after")
     def _check_space(self) -> "SweepSpec":
