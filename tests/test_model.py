@@ -54,20 +54,21 @@ def _sinusoid(n, d):
     return pe
 
 
-def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer) -> None:
-    """Copy path 0, branch 0 of every supernet layer into torch.nn.Transformer's parameters."""
+def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer, c: int = C, f: int = 32) -> None:
+    """Copy path 0, branch 0 of every supernet layer into torch.nn.Transformer's parameters,
+    cropped to model width ``c`` (= attention width) and FFN width ``f`` by hand."""
     def mha(dst: nn.MultiheadAttention, src):
-        dst.in_proj_weight.copy_(src.w_in[0, 0, 0].reshape(3 * C, C))
-        dst.in_proj_bias.copy_(src.b_in[0, 0, 0].reshape(-1))
-        dst.out_proj.weight.copy_(src.w_out[0, 0, 0])
-        dst.out_proj.bias.copy_(src.b_out[0, 0, 0])
+        dst.in_proj_weight.copy_(src.w_in[0, 0, 0, :, :c, :c].reshape(3 * c, c))
+        dst.in_proj_bias.copy_(src.b_in[0, 0, 0, :, :c].reshape(-1))
+        dst.out_proj.weight.copy_(src.w_out[0, 0, 0, :c, :c])
+        dst.out_proj.bias.copy_(src.b_out[0, 0, 0, :c])
 
     def ffn(dst, src):
-        dst.linear1.weight.copy_(src.w1[0, 0]); dst.linear1.bias.copy_(src.b1[0, 0])
-        dst.linear2.weight.copy_(src.w2[0, 0]); dst.linear2.bias.copy_(src.b2[0, 0])
+        dst.linear1.weight.copy_(src.w1[0, 0, :f, :c]); dst.linear1.bias.copy_(src.b1[0, 0, :f])
+        dst.linear2.weight.copy_(src.w2[0, 0, :c, :f]); dst.linear2.bias.copy_(src.b2[0, 0, :c])
 
     def norm(dst: nn.LayerNorm, src):
-        dst.weight.copy_(src.ln_weight[0, 0]); dst.bias.copy_(src.ln_bias[0, 0])
+        dst.weight.copy_(src.ln_weight[0, 0, :c]); dst.bias.copy_(src.ln_bias[0, 0, :c])
 
     with torch.no_grad():
         for r, m in zip(ref.encoder.layers, model.encoder):
@@ -76,8 +77,8 @@ def _copy_into_reference(model: SuperTransformer, ref: nn.Transformer) -> None:
         for r, m in zip(ref.decoder.layers, model.decoder):
             mha(r.self_attn, m.self_attn); mha(r.multihead_attn, m.cross_attn); ffn(r, m.ffn)
             norm(r.norm1, m.self_attn_paths); norm(r.norm2, m.cross_attn_paths); norm(r.norm3, m.ffn_paths)
-        ref.encoder.norm.load_state_dict(model.encoder_norm.state_dict())
-        ref.decoder.norm.load_state_dict(model.decoder_norm.state_dict())
+        for dst, src in ((ref.encoder.norm, model.encoder_norm), (ref.decoder.norm, model.decoder_norm)):
+            dst.weight.copy_(src.weight[:c]); dst.bias.copy_(src.bias[:c])
 
 
 def test_degenerate_arch_matches_torch_transformer():
@@ -95,6 +96,48 @@ def test_degenerate_arch_matches_torch_transformer():
         expected = hidden @ model.embed.weight.T
         got = model(src, tgt, maxima)
     assert (got - expected).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("c", [8, 12, 16])
+def test_type1_sub_transformer_matches_torch_transformer_with_eq3_projections(c):
+    """Type-1 Scalable Transformers (sec. 3.2, eq. 3): every layer at model width c is nn.Transformer(d_model=c)
+    on ``E' = W'_e[1:c] E + b'_e[1:c]``, followed by ``O' = W'_o[:, 1:c] O + b'_o`` and the tied embedding."""
+    torch.manual_seed(6)
+    maxima = _maxima(width=C, ffn=32, branches=1)
+    model = SuperTransformer(V, C, H, maxima, dropout=0.1, drop_branch=0.0, io_projection=True).eval()
+    with torch.no_grad():  # leave the identity initialisation: the crop must matter
+        for p in (model.proj_in.weight, model.proj_in.bias, model.proj_out.weight, model.proj_out.bias):
+            p.add_(0.3 * torch.randn_like(p))
+    f = 2 * c
+    stack = StackArch((c, c), (f, f))
+    arch = Arch(stack, stack, model_width=c)
+    ref = nn.Transformer(c, H, 2, 2, f, dropout=0.0, norm_first=True, batch_first=True).eval()
+    _copy_into_reference(model, ref, c, f)
+    src, tgt = _batch()
+    emb = lambda x: (model.embed.weight[x] * math.sqrt(C) + _sinusoid(x.size(1), C)) @ model.proj_in.weight[:c].T \
+        + model.proj_in.bias[:c]
+    causal = nn.Transformer.generate_square_subsequent_mask(tgt.size(1))
+    with torch.no_grad():
+        hidden = ref(emb(src), emb(tgt), tgt_mask=causal, src_key_padding_mask=src.eq(0),
+                     memory_key_padding_mask=src.eq(0), tgt_is_causal=True)
+        expected = (hidden @ model.proj_out.weight[:, :c].T + model.proj_out.bias) @ model.embed.weight.T
+        got = model(src, tgt, arch)
+        sub = extract(model, arch)
+        standalone = sub(src, tgt)
+    assert (got - expected).abs().max().item() <= 1e-5
+    assert (standalone - expected).abs().max().item() <= 1e-5
+    assert sub.model_dim == c and sub.embed_dim == C and sub.proj_in.weight.shape == (c, C)
+    assert sub.encoder[0].attn.w_in.shape == (1, 1, 1, 3, c, c) and sub.encoder_norm.weight.shape == (c,)
+
+
+def test_model_width_needs_io_projection_and_the_supernet_bound():
+    model = SuperTransformer(V, C, H, _maxima(width=16))
+    stack = StackArch((8,), (8,))
+    with pytest.raises(ValueError, match="io_projection"):
+        model(*_batch(), Arch(stack, stack, model_width=8))
+    model = SuperTransformer(V, C, H, _maxima(width=16), io_projection=True)
+    with pytest.raises(ValueError, match=r"model_width=32 exceeds the supernet's model_dim=16"):
+        model(*_batch(), Arch(stack, stack, model_width=32))
 
 
 def test_multi_branch_equals_average_of_single_branch_attentions():
@@ -119,12 +162,15 @@ def test_multi_branch_equals_average_of_single_branch_attentions():
 def test_extract_equals_supernet_for_random_archs(seed):
     torch.manual_seed(seed)
     maxima = _maxima(enc_layers=3, dec_layers=2, width=16, ffn=32, branches=3, paths=4, kernels=(3, 5, 7), units=3)
-    model = SuperTransformer(V, C, H, maxima, more_features=seed % 2 == 0).eval()
+    type1 = seed % 4 >= 2  # half the archs crop the model width too (type 1, eq. 3 projections)
+    model = SuperTransformer(V, C, H, maxima, more_features=seed % 2 == 0, io_projection=type1).eval()
     with torch.no_grad():  # non-trivial unit weights and AutoShuffle matrices
         for name, p in model.named_parameters():
-            if "unit_alpha" in name or "shuffle" in name:
+            if "unit_alpha" in name or "shuffle" in name or "proj_" in name:
                 p.add_(0.3 * torch.rand_like(p))
     arch = _random_arch(maxima, torch.Generator().manual_seed(seed))
+    if type1:
+        arch = Arch(arch.encoder, arch.decoder, model_width=(4, 8, 12)[seed % 3])
     sub = extract(model, arch)
     src, tgt = _batch(seed)
     with torch.no_grad():
@@ -170,17 +216,18 @@ def test_drop_branch_is_active_in_training_only():
     assert not torch.allclose(c, d)
 
 
-@pytest.mark.parametrize("paths,layout,kernels,units", [(1, "sequential", (), 1), (2, "sequential", (), 1),
-                                                         (1, "prime", (), 1), (1, "prime", (3, 5), 1),
-                                                         (2, "sequential", (), 3), (1, "prime", (5,), 2)])
-def test_cached_decoding_matches_full_recomputation(paths, layout, kernels, units):
+@pytest.mark.parametrize("paths,layout,kernels,units,model_width", [
+    (1, "sequential", (), 1, None), (2, "sequential", (), 1, None), (1, "prime", (), 1, None),
+    (1, "prime", (3, 5), 1, None), (2, "sequential", (), 3, None), (1, "prime", (5,), 2, None),
+    (2, "prime", (3,), 2, 8)])
+def test_cached_decoding_matches_full_recomputation(paths, layout, kernels, units, model_width):
     torch.manual_seed(3)
     maxima = _maxima(branches=2, paths=2, kernels=(3, 5), units=3)
-    model = SuperTransformer(V, C, H, maxima).eval()
+    model = SuperTransformer(V, C, H, maxima, io_projection=model_width is not None).eval()
     dep = "sequential" if units == 3 else "independent"
     arch = Arch(StackArch((8, 16), (16, 32), (2, 1), (paths, 1)),
-                StackArch((16, 8), (8, 32), (2, 1), (paths, 1), (layout, "sequential"), (kernels, ()), (units, 1),
-                          (), (dep, "independent")))
+                StackArch((16, 8), (8, 32), (2, 1), (1 if layout == "prime" else paths, 1), (layout, "sequential"),
+                          (kernels, ()), (units, 1), (), (dep, "independent")), model_width=model_width)
     src, tgt = _batch()
     with torch.no_grad():
         for p in model.parameters():  # non-zero conv kernels and gates

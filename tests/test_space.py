@@ -321,3 +321,48 @@ def test_widest_is_sequential_with_most_paths_and_narrowest_is_its_first_choice(
     space, _ = make_space(CONDITIONAL, kernels=[3, 7])
     assert set(space.widest().encoder.layout) == {"sequential"} and set(space.widest().encoder.paths) == {3}
     assert space.narrowest().encoder.layout == ("sequential",)
+
+
+TYPE1 = {
+    "model_width": {"values": [32, 8, 16]},
+    "encoder_layers": {"values": [2, 3]},
+    "width": {"tie": "model_width"},
+    "ffn_width": {"tie": "model_width", "scale": 2},
+}
+
+
+def test_type1_space_ties_every_layer_to_one_model_width():
+    """Scalable Transformers type 1 (sec. 3.2): C = D^1 = ... = D^L; here F^l = 2C."""
+    space, spec = make_space(TYPE1)
+    assert spec.io_projection
+    assert space.size() == 3 * 2  # |M| model widths x 2 encoder depths
+    assert space.widest() == Arch(StackArch((32,) * 3, (64,) * 3, (3,) * 3), StackArch((32,) * 2, (64,) * 2, (3,) * 2),
+                                  model_width=32)
+    narrow = space.narrowest()
+    assert narrow.model_width == 8 and set(narrow.encoder.width) == {8} and set(narrow.decoder.ffn_width) == {16}
+    rng = random.Random(0)
+    seen = {space.sample(rng) for _ in range(60)}
+    assert {a.model_width for a in seen} == {8, 16, 32}
+    for a in seen:
+        for stack in (a.encoder, a.decoder):
+            assert set(stack.width) == {a.model_width} and set(stack.ffn_width) == {2 * a.model_width}
+    assert len(seen) == space.size()
+
+
+def test_type1_optuna_asks_for_the_model_width_once_and_never_for_tied_widths():
+    space, _ = make_space(TYPE1)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(6):
+        trial = study.ask()
+        arch = space.suggest(trial)
+        assert set(trial.params) == {"model_width", "encoder.layers"}
+        assert space.from_params(trial.params) == arch
+        study.tell(trial, 0.0)
+
+
+def test_model_width_is_in_the_arch_json_only_when_chosen():
+    stack = StackArch((8,), (16,))
+    assert "model_width" not in Arch(stack, stack).to_dict()
+    arch = Arch(stack, stack, model_width=8)
+    assert Arch.from_json(arch.to_json()) == arch and arch.arch_id != Arch(stack, stack).arch_id
+    assert arch.summary().startswith("C8 enc[")

@@ -78,8 +78,9 @@ class MultiBranchAttention(nn.Module):
 
     Weights are stacked over units, paths and branches: ``w_in [U, P, N_a, 3, D, C]`` (q, k, v)
     and ``w_out [U, P, N_a, C, D]``, where C is the model width and D the widest attention
-    width. A call on U_l units x P_l paths with ``branches=B_l, width=D_l`` uses the leading
-    block ``w_in[:U_l, :P_l, :B_l, :, :D_l, :]`` (top-left crop, Scalable Transformers sec. 3.1).
+    width. A call on U_l units x P_l paths with ``branches=B_l, width=D_l`` on inputs of C_l
+    channels uses the leading block ``w_in[:U_l, :P_l, :B_l, :, :D_l, :C_l]`` (top-left crop
+    ``W[1:C, 1:D]``, Scalable Transformers sec. 3.1; C_l < C for a type-1 sub-Transformer).
     The head count is fixed, so the head width is ``D_l / heads``; every (path, branch)
     pair becomes ``heads`` extra attention heads of one ``scaled_dot_product_attention``.
 
@@ -143,7 +144,8 @@ class MultiBranchAttention(nn.Module):
         groups, bsz, t, c = xs.shape  # groups = units x paths
         nb = branches
         crop = lambda p, *rest: p[:units, : groups // units][(slice(None), slice(None), *rest)].flatten(0, 1)
-        w_in, b_in = crop(self.w_in, slice(nb), slice(None), slice(width)), crop(self.b_in, slice(nb), slice(None), slice(width))
+        w_in = crop(self.w_in, slice(nb), slice(None), slice(width), slice(c))  # C cropped too (type 1)
+        b_in = crop(self.b_in, slice(nb), slice(None), slice(width))
         if memory is None:
             qkv = path_project(xs, w_in.reshape(groups, nb * 3 * width, c), b_in.reshape(groups, -1))
             q, k, v = qkv.view(groups, bsz, t, nb, 3, width).unbind(4)  # each [G, b, t, B, D]
@@ -175,8 +177,8 @@ class MultiBranchAttention(nn.Module):
                 dropout_p=self.dropout if self.training else 0.0,
             )  # [G, b, B*h, t, dh]
         o = o.transpose(2, 3).reshape(groups, bsz, t, nb, width)  # [G, b, t, B, D]
-        w_out = crop(self.w_out, slice(nb), slice(None), slice(width)).permute(0, 2, 1, 3).reshape(groups, c, nb * width)  # [G, C, B*D]
-        b_out = crop(self.b_out, slice(nb))  # [G, B, C]
+        w_out = crop(self.w_out, slice(nb), slice(c), slice(width)).permute(0, 2, 1, 3).reshape(groups, c, nb * width)  # [G, C, B*D]
+        b_out = crop(self.b_out, slice(nb), slice(c))  # [G, B, C]
         if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
             w_out = w_out if nb == 1 else w_out / nb
             return path_project(o.reshape(groups, bsz, t, nb * width), w_out, b_out[:, 0] if nb == 1 else b_out.mean(1))
@@ -195,7 +197,7 @@ class ElasticFFN(nn.Module):
     """Position-wise FFN ``ReLU(x W1^T + b1) W2^T + b2`` (Scalable Transformers eq. 2) per (unit, path) group.
 
     ``w1 [U, P, F, C]`` and ``w2 [U, P, C, F]``; a call on U units x P paths with ``ffn_width=F_l``
-    uses ``w1[:U, :P, :F_l]`` and ``w2[:U, :P, :, :F_l]``.
+    on inputs of C_l channels uses ``w1[:U, :P, :F_l, :C_l]`` and ``w2[:U, :P, :C_l, :F_l]``.
     """
 
     def __init__(self, model_dim: int, max_ffn_width: int, dropout: float = 0.0, max_paths: int = 1,
@@ -213,9 +215,9 @@ class ElasticFFN(nn.Module):
 
     def forward(self, xs: torch.Tensor, ffn_width: int, units: int = 1) -> torch.Tensor:
         """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major)."""
-        u, p = units, xs.size(0) // units
-        w1, b1 = self.w1[:u, :p, :ffn_width].flatten(0, 1), self.b1[:u, :p, :ffn_width].flatten(0, 1)
-        w2, b2 = self.w2[:u, :p, :, :ffn_width].flatten(0, 1), self.b2[:u, :p].flatten(0, 1)
+        u, p, c = units, xs.size(0) // units, xs.size(-1)
+        w1, b1 = self.w1[:u, :p, :ffn_width, :c].flatten(0, 1), self.b1[:u, :p, :ffn_width].flatten(0, 1)
+        w2, b2 = self.w2[:u, :p, :c, :ffn_width].flatten(0, 1), self.b2[:u, :p, :c].flatten(0, 1)
         hidden = F.relu(path_project(xs, w1, b1))  # [G, b, t, F_l]
         return path_project(self.dropout(hidden), w2, b2)
 
@@ -250,10 +252,10 @@ class PathFusion(nn.Module):
 
     def paths_in(self, x: torch.Tensor, n_paths: int) -> torch.Tensor:
         """``x [U, b, t, C]`` (per-unit streams) -> ``[U*P, b, t, C]``: ``LN_{u,i}(x_u)`` (eq. 5)."""
-        units, c = x.size(0), self.model_dim
+        units, c = x.size(0), x.size(-1)
         if n_paths == 1 and units == 1:
-            return F.layer_norm(x, (c,), self.ln_weight[0, 0], self.ln_bias[0, 0])
-        w, b = self.ln_weight[:units, :n_paths], self.ln_bias[:units, :n_paths]  # [U, P, C]
+            return F.layer_norm(x, (c,), self.ln_weight[0, 0, :c], self.ln_bias[0, 0, :c])
+        w, b = self.ln_weight[:units, :n_paths, :c], self.ln_bias[:units, :n_paths, :c]  # [U, P, C]
         normed = torch.addcmul(b[:, :, None, None], F.layer_norm(x, (c,)).unsqueeze(1), w[:, :, None, None])  # [U, P, b, t, C]
         return normed.flatten(0, 1)
 
@@ -265,19 +267,20 @@ class PathFusion(nn.Module):
             keep = keep[:, :, None, None].to(ys.dtype)
         if n_paths == 1:
             return x + (ys if keep is None else ys * keep)
+        c = x.size(-1)
         ys = ys.view(units, n_paths, *ys.shape[1:])  # [U, P, b, t, C]
-        weight, bias = self.pathnorm_weight[:units, :n_paths], self.pathnorm_bias[:units, :n_paths]
+        weight, bias = self.pathnorm_weight[:units, :n_paths, :c], self.pathnorm_bias[:units, :n_paths, :c]
         alpha = self.alpha[:units, :n_paths]
         if self.more_features and n_paths >= 3:
             new = (ys.sum(1, keepdim=True) - ys) / (n_paths - 1)  # AVG over the other n-1 paths (eq. 7)
             ys = torch.cat([ys, new], 1)  # [U, 2P, b, t, C]: raw features, then new features
-            weight = torch.cat([weight, self.new_pathnorm_weight[:units, :n_paths]], 1)
-            bias = torch.cat([bias, self.new_pathnorm_bias[:units, :n_paths]], 1)
+            weight = torch.cat([weight, self.new_pathnorm_weight[:units, :n_paths, :c]], 1)
+            bias = torch.cat([bias, self.new_pathnorm_bias[:units, :n_paths, :c]], 1)
             alpha = torch.cat([alpha, self.new_alpha[:units, :n_paths]], 1)
             keep = None if keep is None else keep.view(units, n_paths, *keep.shape[1:]).repeat(1, 2, 1, 1, 1).flatten(0, 1)
         # alpha_i * PathNorm_i(y) = LN(y) * (alpha_i * gamma_i) + alpha_i * beta_i: one fused pass
         weight, bias = weight * alpha[..., None], bias * alpha[..., None]
-        ys = torch.addcmul(bias[:, :, None, None], F.layer_norm(ys, (self.model_dim,)), weight[:, :, None, None])
+        ys = torch.addcmul(bias[:, :, None, None], F.layer_norm(ys, (c,)), weight[:, :, None, None])
         if keep is not None:
             ys = ys * keep.view(*ys.shape[:2], *keep.shape[1:])
         return torch.addcmul(ys.sum(1), self.beta[:units, None, None, None], x)
@@ -316,9 +319,9 @@ class DynamicConv(nn.Module):
 
     def kernel(self, x: torch.Tensor, kernels: tuple[int, ...]) -> torch.Tensor:
         """The gated, combined dynamic kernel ``[U, b, t, K]`` (K = the largest chosen size) from ``x [U, b, t, C]``."""
-        units, big = x.size(0), max(kernels)
+        units, big, c = x.size(0), max(kernels), x.size(-1)
         gate = torch.softmax(torch.stack([self.gate[str(k)][:units] for k in kernels], -1), -1)  # [U, n] eq. 7
-        logits = path_project(x, torch.cat([self.gen_weight[str(k)][:units] for k in kernels], 1),
+        logits = path_project(x, torch.cat([self.gen_weight[str(k)][:units, :, :c] for k in kernels], 1),
                               torch.cat([self.gen_bias[str(k)][:units] for k in kernels], 1))  # [U, b, t, sum k]
         combined = x.new_zeros(*x.shape[:3], big, dtype=logits.dtype)
         for i, (k, part) in enumerate(zip(kernels, logits.split(list(kernels), dim=-1))):
@@ -348,7 +351,8 @@ class DynamicConv(nn.Module):
             padded = F.pad(v, (0, 0, left, right))  # [U, b, left+t+right, D]
         windows = padded.unfold(2, big, 1)  # [U, b, t, D, K]
         out = torch.einsum("ubtk,ubtdk->ubtd", self.kernel(x, kernels).to(v.dtype), windows)
-        return path_project(out, self.w_out[:units, :, :width], self.b_out[:units])
+        c = x.size(-1)
+        return path_project(out, self.w_out[:units, :c, :width], self.b_out[:units, :c])
 
 
 def _cut(scale: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
@@ -455,7 +459,7 @@ class _UnifiedLayer(nn.Module):
         if not (self.training and lengths is not None and self.unit_bias_rate > 0 and dims.unit_bias != "identity"):
             return x[None].expand(dims.units, -1, -1, -1)
         switch = torch.rand(x.size(0), device=x.device) < self.unit_bias_rate
-        return torch.stack([apply_unit_bias(x, kind, lengths, self.mask_embedding, switch)
+        return torch.stack([apply_unit_bias(x, kind, lengths, self.mask_embedding[:x.size(-1)], switch)
                             for kind in unit_bias_kinds(dims.unit_bias, dims.units)])
 
     def _combine(self, outs: torch.Tensor, dims: LayerArch) -> torch.Tensor:
@@ -475,9 +479,9 @@ class _UnifiedLayer(nn.Module):
 
     def _prime_norm(self, total: torch.Tensor) -> torch.Tensor:
         """Per-unit LayerNorm of ``[U, b, t, C]`` (the "Add & Norm" of Unified Transformer eq. 4)."""
-        units = total.size(0)
-        return F.layer_norm(total, (total.size(-1),)) * self.prime_norm_weight[:units, None, None] \
-            + self.prime_norm_bias[:units, None, None]
+        units, c = total.size(0), total.size(-1)
+        return F.layer_norm(total, (c,)) * self.prime_norm_weight[:units, None, None, :c] \
+            + self.prime_norm_bias[:units, None, None, :c]
 
     def autoshuffle_penalty(self) -> torch.Tensor | None:
         """MUTE eq. 19 for this layer's AutoShuffle matrix (None without units)."""

@@ -31,7 +31,8 @@ class SuperTransformer(nn.Module):
 
     Args:
         vocab_size: joint source/target vocabulary (tokens).
-        model_dim: C, the model width (channels), fixed for every sub-Transformer (type 2).
+        model_dim: C, the widest model width (channels); a type-1 sub-Transformer (``arch.model_width``)
+            crops every layer, layer norm and projection to its own C (Scalable Transformers sec. 3.2).
         heads: attention heads per branch.
         max_arch: the widest choice per layer; its layer counts are the supernet's depth.
         dropout: residual/FFN dropout rate in training.
@@ -41,26 +42,42 @@ class SuperTransformer(nn.Module):
         pad_id: padding token id (its embedding row starts at zero).
         more_features: Multi-Path "more features" (sec. 3.2, eq. 7) in sublayers with 3+ paths.
         unit_bias_rate: MUTE p_beta, the rate at which unit biases are switched on in training (sec. 3.2).
+        io_projection: the input/output projections of Scalable Transformers eq. 3, ``E' = W'_e E + b'_e``
+            (``W'_e [C, E]``, cropped to its first C rows) after the embedding and ``O' = W'_o O + b'_o``
+            (``W'_o [E, C]``, first C columns) before the tied output layer, so the word embeddings keep
+            ``embed_dim`` channels at every model width. Both start as the identity.
+        embed_dim: E, the word-embedding width (channels); default ``model_dim``. Only an extracted
+            type-1 sub-Transformer has ``embed_dim > model_dim``.
 
     Raises:
-        ValueError: a width not divisible by ``heads``.
+        ValueError: a width not divisible by ``heads``; ``embed_dim != model_dim`` without ``io_projection``.
     """
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
                  pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0,
-                 io_projection: bool = False) -> None:
+                 io_projection: bool = False, embed_dim: int | None = None) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.unit_bias_rate, self.io_projection = unit_bias_rate, io_projection
+        self.embed_dim = embed = embed_dim or model_dim
+        if embed != model_dim and not io_projection:
+            raise ValueError(f"embed_dim={embed} differs from model_dim={model_dim}; that needs io_projection=True")
         self._checked: set[Arch] = set()
-        self.embed = nn.Embedding(vocab_size, model_dim, padding_idx=pad_id)
-        nn.init.normal_(self.embed.weight, 0.0, model_dim ** -0.5)
+        self.embed = nn.Embedding(vocab_size, embed, padding_idx=pad_id)
+        nn.init.normal_(self.embed.weight, 0.0, embed ** -0.5)
         with torch.no_grad():
             self.embed.weight[pad_id].zero_()
-        self.register_buffer("positions", sinusoidal_positions(max_positions, model_dim), persistent=False)
+        self.register_buffer("positions", sinusoidal_positions(max_positions, embed), persistent=False)
+        if io_projection:  # Scalable Transformers eq. 3, identity at initialisation
+            self.proj_in = nn.Linear(embed, model_dim)
+            self.proj_out = nn.Linear(model_dim, embed)
+            with torch.no_grad():
+                for proj in (self.proj_in, self.proj_out):
+                    proj.weight.copy_(torch.eye(*proj.weight.shape))
+                    proj.bias.zero_()
         self.dropout = nn.Dropout(dropout)
         kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features,
                   unit_bias_rate=unit_bias_rate)
@@ -77,7 +94,8 @@ class SuperTransformer(nn.Module):
                     max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
                     max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features,
-                    unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection)
+                    unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection,
+                    **({"embed_dim": self.embed_dim} if self.embed_dim != self.model_dim else {}))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":
@@ -101,6 +119,12 @@ class SuperTransformer(nn.Module):
         if arch in self._checked:  # archs are frozen and hashable: validate each once
             return arch
         arch.check_within(self.max_arch)
+        if arch.model_width is not None and arch.model_width != self.model_dim:
+            if arch.model_width > self.model_dim:
+                raise ValueError(f"arch.model_width={arch.model_width} exceeds the supernet's model_dim={self.model_dim}")
+            if not self.io_projection:
+                raise ValueError(f"arch.model_width={arch.model_width} needs a supernet with the input/output "
+                                 f"projections of Scalable Transformers eq. 3: set supernet.io_projection: true")
         for stack in (arch.encoder, arch.decoder):
             for i, w in enumerate(stack.width):
                 if w % self.heads:
@@ -108,31 +132,49 @@ class SuperTransformer(nn.Module):
         self._checked.add(arch)
         return arch
 
-    def _embed(self, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
-        """``[b, t]`` ids -> ``[b, t, C]``: ``sqrt(C) * E[x] + PE[offset:offset+t]``, then dropout."""
+    def _width(self, arch: Arch) -> int:
+        return arch.model_width or self.model_dim
+
+    def _embed(self, tokens: torch.Tensor, width: int, offset: int = 0) -> torch.Tensor:
+        """``[b, t]`` ids -> ``[b, t, C]``: ``sqrt(E) * E[x] + PE[offset:offset+t]``, projected to the
+        model width ``C = width`` by ``W'_e[1:C]`` (eq. 3) with ``io_projection``, then dropout."""
         t = tokens.size(1)
         if offset + t > self.max_positions:
             raise ValueError(f"sequence of {offset + t} tokens exceeds max_positions={self.max_positions}")
-        x = self.embed(tokens) * math.sqrt(self.model_dim) + self.positions[offset:offset + t]
+        x = self.embed(tokens) * math.sqrt(self.embed_dim) + self.positions[offset:offset + t]
+        if self.io_projection:
+            x = F.linear(x, self.proj_in.weight[:width], self.proj_in.bias[:width])
         return self.dropout(x)
+
+    def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+        """A final layer norm cropped to the input's width ``[..., C]``."""
+        c = x.size(-1)
+        return F.layer_norm(x, (c,), norm.weight[:c], norm.bias[:c], norm.eps)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., C]`` -> ``[..., V]``: final norm, ``W'_o[:, 1:C]`` (eq. 3) and the tied embedding."""
+        h = self._norm(self.decoder_norm, x)
+        if self.io_projection:
+            h = F.linear(h, self.proj_out.weight[:, :h.size(-1)], self.proj_out.bias)
+        return F.linear(h, self.embed.weight)
 
     def encode(self, src: torch.Tensor, arch: Arch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Encode ``src [b, s]`` -> (``memory [b, s, C]``, ``src_pad [b, s]`` bool, True at padding)."""
         arch = self._check(arch)
         src_pad = src.eq(self.pad_id)
-        x = self._embed(src)
+        x = self._embed(src, self._width(arch))
         for layer, dims in zip(self.encoder, arch.encoder.layer_dims()):
             x = layer(x, dims, src_pad, self.drop_branch)
-        return self.encoder_norm(x), src_pad
+        return self._norm(self.encoder_norm, x), src_pad
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
                arch: Arch | None = None) -> torch.Tensor:
         """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``."""
         arch = self._check(arch)
-        x = self._embed(tgt_in)
+        x = self._embed(tgt_in, self._width(arch))
         for layer, dims in zip(self.decoder, arch.decoder.layer_dims()):
             x = layer(x, memory, dims, src_pad, self.drop_branch)
-        return F.linear(self.decoder_norm(x), self.embed.weight)
+        return self._logits(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None) -> torch.Tensor:
         """``src [b, s]``, ``tgt_in [b, t]`` -> logits ``[b, t, V]`` of the sub-Transformer ``arch``
@@ -154,10 +196,10 @@ class SuperTransformer(nn.Module):
             logits of the next token ``[n, V]``.
         """
         arch = self._check(arch)
-        x = self._embed(tokens, offset=step)
+        x = self._embed(tokens, self._width(arch), offset=step)
         for layer, dims, c in zip(self.decoder, arch.decoder.layer_dims(), cache):
             x = layer(x, memory, dims, src_pad, 0.0, cache=c)
-        return F.linear(self.decoder_norm(x[:, -1]), self.embed.weight)
+        return self._logits(x[:, -1])
 
     @staticmethod
     def reorder_cache(cache: list[LayerCache], index: torch.Tensor, parts: tuple[str, ...]) -> None:
@@ -203,7 +245,10 @@ def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
     """
     supernet._check(arch)
     cfg = supernet.config()
-    cfg["max_arch"] = arch.to_dict()
+    cfg["max_arch"] = dataclasses.replace(arch, model_width=None).to_dict()
+    cfg["model_dim"] = supernet._width(arch)  # type 1: the layers' width; the embeddings keep embed_dim
+    if supernet.io_projection:
+        cfg["embed_dim"] = supernet.embed_dim
     sub = SuperTransformer.from_config(cfg)
     source = supernet.state_dict()
     cropped = {}

@@ -147,16 +147,29 @@ class Arch:
 
     encoder: StackArch
     decoder: StackArch
+    model_width: int | None = None
+    """C, the model width of every layer (type-1 Scalable Transformers, sec. 3.2): the residual stream,
+    layer norms and the input/output projections of eq. 3 are cropped to it. None: the supernet's."""
+
+    def __post_init__(self) -> None:
+        if self.model_width is not None:
+            object.__setattr__(self, "model_width", int(self.model_width))
+            if self.model_width < 1:
+                raise ValueError(f"model_width={self.model_width} must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready nested dict; inverse of :meth:`from_dict`."""
-        return {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
+        """JSON-ready nested dict; inverse of :meth:`from_dict` (``model_width`` only when set)."""
+        d = {"encoder": self.encoder.to_dict(), "decoder": self.decoder.to_dict()}
+        if self.model_width is not None:
+            d["model_width"] = self.model_width
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Arch":
         """Build from :meth:`to_dict` output. Raises ValueError naming a missing key."""
         try:
-            return cls(encoder=StackArch(**d["encoder"]), decoder=StackArch(**d["decoder"]))
+            return cls(encoder=StackArch(**d["encoder"]), decoder=StackArch(**d["decoder"]),
+                       model_width=d.get("model_width"))
         except KeyError as e:
             raise ValueError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
         except TypeError as e:
@@ -176,8 +189,9 @@ class Arch:
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
 
     def summary(self) -> str:
-        """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]``."""
-        return f"enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
+        """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]`` (``C64 enc[...]`` with a model width)."""
+        prefix = "" if self.model_width is None else f"C{self.model_width} "
+        return f"{prefix}enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
 
     def check_within(self, maxima: "Arch") -> None:
         """Raise ValueError naming the first choice that exceeds ``maxima`` (the supernet's).

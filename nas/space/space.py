@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from nas.space.arch import LAYOUTS, Arch, StackArch
@@ -32,10 +32,16 @@ def _label(value: Any) -> Any:
     return (",".join(map(str, value)) or "none") if isinstance(value, tuple) else value
 
 
+def _dimension(name: str) -> str:
+    """The dimension of an Optuna parameter name: ``encoder.width.3`` -> ``width``, ``model_width`` -> itself."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
 def _unlabel(name: str, value: Any) -> Any:
-    if name.split(".")[1] == "kernels":
+    if _dimension(name) == "kernels":
         return () if value == "none" else tuple(int(k) for k in str(value).split(","))
-    return value if name.split(".")[1] in STRING_DIMENSIONS else int(value)
+    return value if _dimension(name) in STRING_DIMENSIONS else int(value)
 
 
 @dataclass(frozen=True)
@@ -47,19 +53,28 @@ class SearchSpace:
     whether each layer chooses on its own (else one value per stack) and ``when[name]`` an
     optional ``(dimension, value)`` condition. Optuna parameter names: ``encoder.layers``,
     ``encoder.width.3`` (per layer) or ``encoder.width`` (per stack).
+
+    ``model_widths`` are the type-1 model widths C (Scalable Transformers sec. 3.2; Optuna
+    parameter ``model_width``, chosen first), ``(None,)`` when the space keeps the supernet's;
+    ``tie[name] = scale`` makes a dimension ``scale * C`` in every layer instead of a choice.
     """
 
     layers: Mapping[str, tuple[int, ...]]
     dims: Mapping[str, tuple[Any, ...]]
     per_layer: Mapping[str, bool]
     when: Mapping[str, tuple[str, Any] | None]
+    model_widths: tuple[int | None, ...] = (None,)
+    tie: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_spec(cls, spec: SweepSpec) -> "SearchSpace":
         sn, sp = spec.supernet, spec.space
+        model_widths = tuple(sorted(sp.model_width.values)) if sp.model_width else (None,)
+        tie = {n: getattr(sp, n).scale for n in ("width", "ffn_width") if getattr(sp, n) and getattr(sp, n).tie}
+        tied = {n: Dimension(values=[c * scale for c in model_widths]) for n, scale in tie.items()}
         defaults = {
             "width": Dimension(values=[sn.model_dim]),
-            "ffn_width": Dimension(values=[sn.ffn_width or max(sp.ffn_width.values)]),
+            "ffn_width": Dimension(values=[sn.ffn_width or max(sp.ffn_width.values)] if "ffn_width" not in tie else [1]),
             "branches": Dimension(values=[sn.branches or 1]),
             "paths": Dimension(values=[sn.paths or 1]),
             "layout": Dimension(values=["sequential"]),
@@ -68,7 +83,7 @@ class SearchSpace:
             "unit_bias": Dimension(values=["identity"]),
             "unit_dependency": Dimension(values=["independent"]),
         }
-        dims = {n: getattr(sp, n) or defaults[n] for n in ORDER}
+        dims = {n: tied.get(n) or getattr(sp, n) or defaults[n] for n in ORDER}
         layers = {
             "encoder": tuple(sorted((sp.encoder_layers.values if sp.encoder_layers else [sn.encoder_layers]))),
             "decoder": tuple(sorted((sp.decoder_layers.values if sp.decoder_layers else [sn.decoder_layers]))),
@@ -79,7 +94,8 @@ class SearchSpace:
         values["unit_dependency"] = tuple(dims["unit_dependency"].values)
         values["kernels"] = tuple(sorted((tuple(sorted(v)) for v in dims["kernels"].values), key=lambda k: (len(k), k)))
         return cls(layers=layers, dims=values, per_layer={n: d.per_layer for n, d in dims.items()},
-                   when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()})
+                   when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()},
+                   model_widths=model_widths, tie=tie)
 
     def supernet_maxima(self, spec: SweepSpec) -> Arch:
         """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN,
@@ -106,6 +122,7 @@ class SearchSpace:
         """Build an arch by calling ``choose(param_name, values)``; single-value choices are
         constants, and a conditional choice is asked for only where its condition holds."""
         pick = lambda name, values: values[0] if len(values) == 1 else choose(name, values)
+        model_width = pick("model_width", self.model_widths)
         stacks = {}
         for stack in ("encoder", "decoder"):
             n = pick(f"{stack}.layers", self.layers[stack])
@@ -114,7 +131,9 @@ class SearchSpace:
             for i in range(n):
                 layer: dict[str, Any] = {}
                 for name in ORDER:
-                    if not self._active(name, layer):
+                    if name in self.tie:
+                        layer[name] = model_width * self.tie[name]
+                    elif not self._active(name, layer):
                         layer[name] = INACTIVE[name]
                     elif self.per_layer[name]:
                         layer[name] = pick(f"{stack}.{name}.{i}", self.dims[name])
@@ -124,13 +143,13 @@ class SearchSpace:
                         layer[name] = shared[name]
                 rows.append(layer)
             stacks[stack] = StackArch(**{name: tuple(r[name] for r in rows) for name in ORDER})
-        return Arch(**stacks)
+        return Arch(**stacks, model_width=model_width)
 
     def widest(self) -> Arch:
         """The largest sub-Transformer (sandwich rule's upper end): deepest, widest, most branches,
         paths and units; the first listed layout, bias and dependency (sequential layout when the
         space has it: Prime layers have one path)."""
-        return self._uniform(lambda name, values: values[0] if name.split(".")[1] in STRING_DIMENSIONS else values[-1])
+        return self._uniform(lambda name, values: values[0] if _dimension(name) in STRING_DIMENSIONS else values[-1])
 
     def narrowest(self) -> Arch:
         """The smallest sub-Transformer of the space (the sandwich rule's lower end)."""
@@ -161,7 +180,7 @@ class SearchSpace:
 
     def _layer_count(self) -> int:
         """Distinct choices of one layer from its per-layer dimensions (exact with conditions)."""
-        per = [n for n in ORDER if self.per_layer[n]]
+        per = [n for n in ORDER if self.per_layer[n] and n not in self.tie]
         referenced = sorted({self.when[n][0] for n in per if self.when[n]})
         total = 0
         for combo in itertools.product(*(self.dims[r] for r in referenced)):
@@ -175,17 +194,22 @@ class SearchSpace:
 
     def size(self) -> int:
         """Number of sub-Transformers in the space (per-stack conditional choices counted as if active)."""
-        total = 1
+        total = len(self.model_widths)
         per_layer = self._layer_count()
-        per_stack = math.prod(len(self.dims[n]) for n in ORDER if not self.per_layer[n])
+        per_stack = math.prod(len(self.dims[n]) for n in ORDER if not self.per_layer[n] and n not in self.tie)
         for stack in ("encoder", "decoder"):
             total *= sum(per_stack * per_layer ** n for n in self.layers[stack])
         return total
 
     def describe(self) -> list[tuple[str, str, str]]:
         """(dimension, choices, scope) rows for ``nas space show``."""
-        rows = [(f"{s}.layers", str(list(self.layers[s])), "per stack") for s in ("encoder", "decoder")]
+        rows = [] if self.model_widths == (None,) else \
+            [("model_width", str(list(self.model_widths)), "per sub-Transformer (type 1, eq. 3 projections)")]
+        rows += [(f"{s}.layers", str(list(self.layers[s])), "per stack") for s in ("encoder", "decoder")]
         for name in ORDER:
+            if name in self.tie:
+                rows.append((name, f"{self.tie[name]} x model_width" if self.tie[name] != 1 else "model_width", "tied"))
+                continue
             cond = f", when {self.when[name][0]}={self.when[name][1]}" if self.when[name] else ""
             values = [list(v) if isinstance(v, tuple) else v for v in self.dims[name]]
             rows.append((name, str(values), ("per layer" if self.per_layer[name] else "per stack") + cond))

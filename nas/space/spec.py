@@ -82,14 +82,30 @@ class SupernetSpec(_Strict):
 
 
 class Dimension(_Strict):
-    values: list[int | str | list[int]] = Field(..., min_length=1)
+    values: list[int | str | list[int]] | None = Field(None, min_length=1)
     """The choices (an Optuna categorical): integers, layout names, or kernel-size lists."""
+    tie: Literal["model_width"] | None = None
+    """Instead of ``values``: take the sub-Transformer's model width times ``scale`` in every layer, e.g.
+    ``width: {tie: model_width}`` and ``ffn_width: {tie: model_width, scale: 4}`` (type-1 Scalable
+    Transformers, sec. 3.2: ``C = D^1 = ... = D^L``)."""
+    scale: int = Field(1, ge=1)
+    """Multiplier of a tied dimension (``ffn_width = scale * model_width``)."""
     per_layer: bool = False
     """True: one choice per layer; False: one choice per stack (encoder, decoder)."""
     when: dict[str, int | str | list[int | str]] | None = None
     """Condition on another per-layer dimension of the same layer, e.g. ``{layout: prime}`` or
     ``{units: [2, 3]}`` (any of the values); where it does not hold the dimension takes its
     inactive value (1 branch/path/unit, no kernels, identity bias, independent units)."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Dimension":
+        if self.values is None and self.tie is None:
+            raise ValueError("give `values: [...]` (the choices) or `tie: model_width` (type-1 Scalable Transformers)")
+        if self.values is not None and self.tie is not None:
+            raise ValueError("give either `values` or `tie`, not both")
+        if self.scale != 1 and self.tie is None:
+            raise ValueError(f"scale={self.scale} applies only to a tied dimension; add `tie: model_width` or remove scale")
+        return self
 
 
 class SpaceSpec(_Strict):
@@ -226,6 +242,7 @@ class SweepSpec(_Strict):
         limits = {
             "encoder_layers": ("supernet.encoder_layers", sn.encoder_layers),
             "decoder_layers": ("supernet.decoder_layers", sn.decoder_layers),
+            "model_width": ("supernet.model_dim", sn.model_dim),
             "width": ("supernet.model_dim", sn.model_dim),
             "ffn_width": ("supernet.ffn_width", sn.ffn_width),
             "branches": ("supernet.branches", sn.branches),
@@ -235,6 +252,9 @@ class SweepSpec(_Strict):
         for key in SpaceSpec.model_fields:
             dim = getattr(sp, key)
             if dim is None:
+                continue
+            if dim.tie is not None:
+                _check_tie(key, dim, sp, *limits.get(key, (None, None)), heads=sn.heads)
                 continue
             values = [tuple(v) if isinstance(v, list) else v for v in dim.values]
             if len(set(values)) != len(values):
@@ -252,6 +272,12 @@ class SweepSpec(_Strict):
             if dim.when is not None:
                 _check_when(key, dim, sp)
         _check_prime_conditions(sp)
+        if sp.model_width is not None:
+            if sp.model_width.per_layer or sp.model_width.when:
+                raise ValueError("space.model_width is one choice per sub-Transformer: remove per_layer and when")
+            if sn.io_projection is False:
+                raise ValueError("space.model_width needs the input/output projections of Scalable Transformers eq. 3: "
+                                 "set supernet.io_projection: true (or leave it out)")
         return self
 
 
@@ -266,6 +292,23 @@ def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads
                              f"lower the value or raise {limit_key}")
         if key == "width" and v % heads:
             raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={heads}")
+
+
+def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | None, limit: int | None,
+               heads: int) -> None:
+    if key not in ("width", "ffn_width"):
+        raise ValueError(f"space.{key}.tie: only width and ffn_width can be tied to the model width")
+    if sp.model_width is None or sp.model_width.values is None:
+        raise ValueError(f"space.{key}.tie: model_width needs `space.model_width: {{values: [...]}}`")
+    if dim.when:
+        raise ValueError(f"space.{key}: a tied dimension cannot be conditional; remove `when`")
+    for c in sp.model_width.values:
+        v = c * dim.scale if isinstance(c, int) else c
+        if isinstance(v, int) and limit is not None and v > limit:
+            raise ValueError(f"space.{key}: model_width {c} x scale {dim.scale} = {v} is above {limit_key}={limit}; "
+                             f"lower the scale or raise {limit_key}")
+        if key == "width" and isinstance(v, int) and v % heads:
+            raise ValueError(f"space.width: tied to model_width {c}, {v} is not divisible by supernet.heads={heads}")
 
 
 def _check_names(key: str, values: list, allowed: tuple[str, ...]) -> None:
@@ -315,6 +358,8 @@ def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
         raise ValueError(f"space.{key}.when refers to {ref!r}, which is not a dimension of this space")
     if target.when is not None:
         raise ValueError(f"space.{key}.when refers to {ref!r}, which is conditional itself; refer to an unconditional one")
+    if target.values is None:
+        raise ValueError(f"space.{key}.when refers to {ref!r}, which is tied to the model width; refer to a chosen one")
     if not (dim.per_layer and target.per_layer):
         raise ValueError(f"space.{key}.when: both space.{key} and space.{ref} need per_layer: true")
     for v in value if isinstance(value, list) else [value]:
