@@ -1,4 +1,4 @@
-"""``nas``: sweep, train, leaderboard, export, translate, space.
+"""``nas``: sweep, train, average, leaderboard, export, translate, space.
 
 Bad input (a YAML error, a missing file, an unknown run) prints one clear message and
 exits with code 2, before anything starts.
@@ -83,6 +83,22 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
         raise
     tracking.end_run(run)
     out.print_json(json.dumps(result.metrics))
+
+
+@app.command()
+def average(supernet_dir: Path = typer.Argument(..., help="Supernet folder written by `nas train` (holds snapshots/)."),
+            last: int = typer.Option(..., "--last", min=1, help="Average the newest N snapshots."),
+            out_dir: Path = typer.Option(..., "--out", help="New folder for the averaged supernet (must not hold files).")) -> None:
+    """Average the weights of the newest N training snapshots into a new supernet folder (fairseq average_checkpoints)."""
+    from trainers.average import average_checkpoints
+
+    try:
+        path = average_checkpoints(supernet_dir, last, out_dir)
+    except (FileNotFoundError, FileExistsError, ValueError) as e:
+        _fail(str(e))
+    steps = json.loads((path / "average.json").read_text())["steps"]
+    out.print(f"averaged {len(steps)} snapshots of {escape(str(supernet_dir))} (steps {', '.join(map(str, steps))}) "
+              f"into {escape(str(path))}", highlight=False, soft_wrap=True)
 
 
 @app.command()

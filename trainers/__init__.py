@@ -1,7 +1,8 @@
-"""The supernet trainer: sandwich-rule loop, losses, checkpoints (no ray/mlflow/optuna imports)."""
+"""The supernet trainer: sandwich-rule loop, losses, checkpoints, checkpoint averaging (no ray/mlflow/optuna imports)."""
 
+from trainers.average import average_checkpoints, average_snapshots, latest_snapshots
 from trainers.loop import (TrainResult, build_supernet, check_fingerprint, inverse_sqrt_lr, supernet_fingerprint,
                            train_supernet)
 
 __all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
-           "check_fingerprint"]
+           "check_fingerprint", "average_checkpoints", "average_snapshots", "latest_snapshots"]

@@ -5,7 +5,9 @@ same batch and sums their gradients (the sandwich rule of slimmable networks, as
 Scalable Transformers' joint stage, sec. 3.3), with label-smoothed cross-entropy, Adam
 with inverse-square-root warm-up and gradient clipping. A checkpoint (model, optimizer,
 scheduler, RNG states, data position) is written every ``checkpoint_every`` steps through a
-temporary file and ``os.replace``; rerunning resumes from it.
+temporary file and ``os.replace``; rerunning resumes from it. Beside each checkpoint a
+model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is written and the newest
+``keep_last`` are kept, for checkpoint averaging (:mod:`trainers.average`, ``nas average``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import SuperTransformer
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
+from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
 from trainers.proximal import load_proximal_source, proximal_initialize
 from nas.model.losses import label_smoothed_nll
 
@@ -93,8 +96,9 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     Args:
         spec: the sweep (``train``, ``supernet`` and ``space`` sections are used).
         data: tokenized corpus from :func:`nas.data.prepare_data`.
-        out_dir: folder for ``checkpoint.pt`` and the final ``supernet.*`` files; a
-            finished run found there is not trained again.
+        out_dir: folder for ``checkpoint.pt``, the final ``supernet.*`` files and the
+            ``snapshots/`` (the newest ``train.keep_last``, one per checkpoint); a finished
+            run found there is not trained again.
         report: called with metrics every ``log_every`` steps and once at the end
             (``ray.tune.report`` inside a trial, MLflow logging standalone).
         progress: show a progress bar (default: when stderr is a terminal).
@@ -132,6 +136,9 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     atomic_write_text(out_dir / "fingerprint.json", fingerprint)
 
     def checkpoint() -> None:
+        if tr.keep_last > 0:  # snapshot first: a crash before the checkpoint re-creates it on resume
+            save_snapshot(model.state_dict(), out_dir / SNAPSHOTS, state["step"], model.config())
+            prune_snapshots(out_dir / SNAPSHOTS, tr.keep_last)
         _save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                      "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                                      "sampler_rng": rng.getstate(), "state": state})

@@ -1,0 +1,527 @@
+"""A HAT-style latency predictor: arch features -> a small MLP -> milliseconds.
+
+Measuring every candidate's latency during a search costs a beam-search decode per trial;
+HAT (Wang et al. 2020, "HAT: Hardware-Aware Transformers for Efficient Natural Language
+Processing", ACL, sec. 3.3) instead measures a few thousand random sub-Transformers once
+per device, fits a 3-layer MLP (400 hidden units, ReLU) on their architecture features
+(layer counts and averaged dimensions) and queries the MLP during the search.
+
+Here the same recipe runs on this project's unified layer (branches, paths, Prime layers
+with kernels, MUTE units):
+
+1. :func:`collect_samples` extracts random sub-Transformers (plus the widest and the
+   narrowest) from a supernet and times each with :func:`measure_latency`;
+2. :meth:`LatencyPredictor.fit` trains the MLP on :func:`arch_features` (standardized)
+   against log latency and reports held-out RMSE and MAPE;
+3. :meth:`LatencyPredictor.predict` gives milliseconds; :func:`check_drift` compares a
+   prediction with a fresh measurement (a predictor fitted on another machine, thread
+   count or torch version drifts, often by more than 20%).
+
+One difference from HAT: HAT times the decoder for a fixed number of teacher-forced steps
+on a dummy sentence; :func:`measure_latency` times real beam search on real sentences,
+as the sweep's ``latency_ms`` does, so the output length of the (inherited-weight) model
+is part of what is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from nas.model.decode import beam_search
+from nas.model.io import atomic_write_text
+from nas.model.supernet import SuperTransformer, extract
+from nas.space.arch import Arch, StackArch
+from nas.space.space import SearchSpace
+
+__all__ = ["FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
+           "LatencyPredictor", "check_drift"]
+
+_STACK_FEATURES = (
+    "layers",
+    "width_mean", "width_sum",
+    "ffn_width_mean", "ffn_width_sum",
+    "branches_mean", "branches_sum",
+    "paths_mean", "paths_sum",
+    "units_mean", "units_sum",
+    "prime_layers",
+    "kernel_taps",
+    "sequential_dependency_layers",
+    "attention_work",
+    "ffn_work",
+)
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"encoder.{name}" for name in _STACK_FEATURES),
+    *(f"decoder.{name}" for name in _STACK_FEATURES),
+    "model_width",
+)
+"""Names of :func:`arch_features`' entries, in order (a saved predictor checks them on load).
+
+Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``ffn_width``
+(F_l, channels), ``branches``, ``paths`` and ``units``; ``prime_layers`` (count);
+``kernel_taps`` (sum of all kernel sizes of all Prime layers); ``sequential_dependency_layers``
+(layers whose MUTE units are chained); ``attention_work`` = sum_l D_l * branches_l * paths_l
+* units_l and ``ffn_work`` = sum_l F_l * paths_l * units_l (channels; the widths the layer's
+matrix products actually run at). Last: ``model_width`` C (channels)."""
+PREDICTOR_FORMAT = "nas-latency-predictor/1"
+"""``format`` key of the JSON sidecar."""
+
+
+def _stack_features(stack: StackArch) -> list[float]:
+    n = stack.layers
+    mean_sum = lambda values: [sum(values) / n, float(sum(values))]
+    dims = stack.layer_dims()
+    return [
+        float(n),
+        *mean_sum(stack.width), *mean_sum(stack.ffn_width), *mean_sum(stack.branches),
+        *mean_sum(stack.paths), *mean_sum(stack.units),
+        float(sum(d.layout == "prime" for d in dims)),
+        float(sum(sum(d.kernels) for d in dims)),
+        float(sum(d.units > 1 and d.unit_dependency == "sequential" for d in dims)),
+        float(sum(d.width * d.branches * d.paths * d.units for d in dims)),
+        float(sum(d.ffn_width * d.paths * d.units for d in dims)),
+    ]
+
+
+def arch_features(arch: Arch, model_dim: int) -> list[float]:
+    """The fixed-length feature vector of ``arch`` (``len == len(FEATURE_NAMES)``; see there).
+
+    Extends HAT's features (sec. 3.3: layer counts and per-stack averages of the embedding,
+    FFN and head dimensions) with the sums and the dimensions of the unified layer.
+
+    Args:
+        arch: the sub-Transformer; an optional ``arch.model_width`` (type-1 Scalable
+            Transformers) is its model width C, None meaning ``model_dim``.
+        model_dim: the supernet's model width (channels).
+
+    Raises:
+        ValueError: ``model_dim`` (or ``arch.model_width``) below 1.
+    """
+    model_width = arch.model_width or model_dim
+    if model_width < 1:
+        raise ValueError(f"model width {model_width} must be >= 1 (model_dim={model_dim})")
+    return [*_stack_features(arch.encoder), *_stack_features(arch.decoder), float(model_width)]
+
+
+def _batches(sentences: Sequence[Sequence[int]], batch_size: int, device: torch.device) -> list[torch.Tensor]:
+    """Length-sorted ``[b, s]`` PAD(0)-padded batches of ``batch_size`` (the last may be smaller)."""
+    ordered = sorted(sentences, key=len)
+    out = []
+    for start in range(0, len(ordered), batch_size):
+        chunk = ordered[start:start + batch_size]
+        src = torch.zeros(len(chunk), max(len(s) for s in chunk), dtype=torch.long)  # [b, s]
+        for row, ids in enumerate(chunk):
+            src[row, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+        out.append(src.to(device))
+    return out
+
+
+@torch.no_grad()
+def measure_latency(model: SuperTransformer, arch: Arch | None, sentences: Sequence[Sequence[int]], *,
+                    batch_size: int = 1, beam_size: int = 4, repeats: int = 1) -> float:
+    """Median wall time (milliseconds) to translate one batch of ``batch_size`` sentences with
+    beam search, embeddings and output projection included, on the model's device and this
+    process's torch threads.
+
+    Sentences are sorted by length and cut into batches; after one untimed warm-up batch,
+    every batch is timed ``repeats`` times and the median over all timings is returned.
+    With ``batch_size=1, repeats=1`` this is the sweep's ``latency_ms``
+    (:func:`nas.evaluate.latency_ms`, which adds SentencePiece encoding and decoding).
+
+    Args:
+        model: a supernet or an extracted model (put in eval mode).
+        arch: the sub-Transformer (None: the model's widest).
+        sentences: source token ids, each ending in EOS, PAD (0) excluded.
+        batch_size: sentences per batch.
+        beam_size: beams per sentence (1: greedy).
+        repeats: timed passes over all batches.
+
+    Raises:
+        ValueError: fewer sentences than ``batch_size``, an empty sentence, or
+            ``batch_size``/``repeats`` below 1.
+    """
+    if batch_size < 1 or repeats < 1:
+        raise ValueError(f"batch_size={batch_size} and repeats={repeats} must be >= 1")
+    if len(sentences) < batch_size:
+        raise ValueError(f"batch_size={batch_size} needs at least {batch_size} sentences; got {len(sentences)}")
+    if any(len(s) == 0 for s in sentences):
+        raise ValueError("an empty sentence; each needs at least its EOS id")
+    model.eval()
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    batches = _batches(sentences, batch_size, device)
+    beam_search(model, batches[0], arch, beam_size=beam_size)  # warm-up
+    times = []
+    for _ in range(repeats):
+        for src in batches:
+            sync()
+            t0 = time.perf_counter()
+            beam_search(model, src, arch, beam_size=beam_size)
+            sync()
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times)
+
+
+def describe_device(device: torch.device | str = "cpu") -> str:
+    """Where latencies are measured, e.g. ``"cpu: Intel(R) Xeon(R) ... (1 thread), torch 2.13.0"``.
+
+    Stored with a fitted predictor: its predictions hold only on the same device, thread
+    count and torch version.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+    threads = torch.get_num_threads()
+    return f"{device.type}: {name} ({threads} thread{'s' if threads != 1 else ''}), torch {torch.__version__}"
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(TextColumn("[bold]latency"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                    console=Console(stderr=True), disable=not enabled)
+
+
+def _sample_archs(space: SearchSpace, n: int, seed: int) -> list[Arch]:
+    """The widest, the narrowest, then distinct random archs: ``n`` in all, fewer if the space is smaller."""
+    rng = random.Random(seed)
+    archs: dict[str, Arch] = {}
+    candidates = [space.widest(), space.narrowest()]
+    attempts = 0
+    while len(archs) < n and attempts < 20 * n + 20:
+        arch = candidates.pop(0) if candidates else space.sample(rng)
+        archs.setdefault(arch.arch_id, arch)
+        attempts += 1
+    return list(archs.values())
+
+
+def collect_samples(supernet: SuperTransformer, space: SearchSpace, sentences: Sequence[Sequence[int]], n: int, *,
+                    seed: int = 0, batch_sizes: Sequence[int] = (1,), beam_size: int = 4, repeats: int = 1,
+                    threads: int | None = None, progress: bool = True) -> list[dict[str, Any]]:
+    """Measure the latency of ``n`` distinct sub-Transformers of ``space`` (HAT sec. 3.3's dataset).
+
+    The first two are the widest and the narrowest, the rest uniformly random
+    (``space.sample`` with ``random.Random(seed)``); fewer than ``n`` when the space is
+    smaller. Each is extracted (:func:`nas.model.supernet.extract`) and timed with
+    :func:`measure_latency` at every batch size, with a rich progress bar on stderr.
+
+    Args:
+        supernet: the (trained or untrained) supernet; weights only change output lengths.
+        space: where the archs come from (each must fit the supernet).
+        sentences: source token ids, each ending in EOS (see :func:`measure_latency`).
+        n: number of archs.
+        threads: torch threads while measuring (None: the process's; the sweep's trials run
+            with ``search.cpu_per_trial``), restored afterwards.
+
+    Returns:
+        One JSON-ready dict per (arch, batch size): ``arch`` (:meth:`Arch.to_dict`),
+        ``arch_id``, ``model_dim``, ``batch_size``, ``beam_size``, ``latency_ms``, ``device``
+        (:func:`describe_device`).
+
+    Raises:
+        ValueError: ``n`` below 1, or an arch beyond the supernet's maxima (names the choice).
+    """
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    archs = _sample_archs(space, n, seed)
+    device = next(supernet.parameters()).device
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or previous_threads)
+    try:
+        return _measure_all(supernet, archs, sentences, batch_sizes, beam_size, repeats, device, progress)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _measure_all(supernet: SuperTransformer, archs: list[Arch], sentences: Sequence[Sequence[int]],
+                 batch_sizes: Sequence[int], beam_size: int, repeats: int, device: torch.device,
+                 progress: bool) -> list[dict[str, Any]]:
+    where = describe_device(device)
+    samples = []
+    with _progress(progress) as bar:
+        task = bar.add_task("archs", total=len(archs) * len(batch_sizes), info="")
+        for arch in archs:
+            model = extract(supernet, arch).to(device)
+            for bsz in batch_sizes:
+                ms = measure_latency(model, arch, sentences, batch_size=bsz, beam_size=beam_size, repeats=repeats)
+                samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
+                                "batch_size": bsz, "beam_size": beam_size, "latency_ms": ms, "device": where})
+                bar.update(task, advance=1, info=f"{arch.arch_id} b{bsz}: {ms:.1f} ms")
+    return samples
+
+
+def _mlp(features: int, hidden: int, hidden_layers: int) -> nn.Sequential:
+    """HAT's predictor: ``hidden_layers`` Linear+ReLU blocks of ``hidden`` units, then one output."""
+    layers: list[nn.Module] = []
+    width = features
+    for _ in range(hidden_layers):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, 1))
+    return nn.Sequential(*layers)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a tiny MLP on one thread: more threads only add synchronization (30 ms/step instead of 2
+    on a busy 2-core machine); the process's thread count is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _as_arch(arch: Arch | Mapping[str, Any]) -> Arch:
+    return arch if isinstance(arch, Arch) else Arch.from_dict(arch)
+
+
+class LatencyPredictor:
+    """An MLP from standardized :func:`arch_features` to log latency (HAT sec. 3.3).
+
+    HAT uses 3 hidden layers of 400 units; the default here is smaller (64), ample for a
+    few hundred samples. The target is ``log(latency_ms)`` standardized, so the squared
+    error is a relative one (latencies span an order of magnitude across a space).
+
+    Args:
+        model_dim: the supernet's model width C (channels), for :func:`arch_features`.
+        hidden: units per hidden layer.
+        hidden_layers: hidden Linear+ReLU layers.
+        batch_size, beam_size: the decoding setting it predicts (``fit`` uses only samples
+            measured at these).
+        device: where the samples were measured (:func:`describe_device`).
+    """
+
+    def __init__(self, model_dim: int, *, hidden: int = 64, hidden_layers: int = 3, batch_size: int = 1,
+                 beam_size: int = 4, device: str = "") -> None:
+        if hidden < 1 or hidden_layers < 1:
+            raise ValueError(f"hidden={hidden} and hidden_layers={hidden_layers} must be >= 1")
+        self.model_dim, self.hidden, self.hidden_layers = model_dim, hidden, hidden_layers
+        self.batch_size, self.beam_size, self.device = batch_size, beam_size, device
+        self.net = _mlp(len(FEATURE_NAMES), hidden, hidden_layers)
+        self.feature_mean = torch.zeros(len(FEATURE_NAMES))
+        self.feature_std = torch.ones(len(FEATURE_NAMES))
+        self.target_mean, self.target_std = 0.0, 1.0
+        self.metrics: dict[str, float] = {}
+        self.fitted = False
+
+    def _x(self, archs: Sequence[Arch]) -> torch.Tensor:
+        x = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
+        return ((x - self.feature_mean.double()) / self.feature_std.double()).float()
+
+    def _ms(self, y: torch.Tensor) -> torch.Tensor:
+        """Standardized log latency ``[n]`` -> milliseconds ``[n]``."""
+        return torch.exp(y.double() * self.target_std + self.target_mean)
+
+    def fit(self, samples: Sequence[Mapping[str, Any]], *, holdout: float = 0.2, epochs: int = 1000,
+            lr: float = 3e-3, weight_decay: float = 1e-4, seed: int = 0) -> dict[str, float]:
+        """Train on the samples measured at this predictor's batch and beam size.
+
+        A seeded random ``holdout`` fraction (at least one sample) is kept out of training
+        and scored; the MLP is trained full-batch with Adam on the rest (MSE on the
+        standardized log latency). Standardization statistics come from the training part.
+
+        Args:
+            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ms``
+                (> 0) and optionally ``batch_size``/``beam_size`` (as from :func:`collect_samples`).
+            holdout: fraction in [0, 1) held out; 0 trains on all and reports training error.
+            epochs: full-batch optimizer steps.
+
+        Returns:
+            ``rmse_ms`` (root mean squared error, ms) and ``mape`` (mean absolute percentage
+            error, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
+
+        Raises:
+            ValueError: fewer than 2 matching samples (names the batch/beam sizes present),
+                a latency that is not positive and finite, or ``holdout`` outside [0, 1).
+        """
+        if not 0.0 <= holdout < 1.0:
+            raise ValueError(f"holdout={holdout} must be in [0, 1)")
+        rows = [s for s in samples
+                if s.get("batch_size", self.batch_size) == self.batch_size
+                and s.get("beam_size", self.beam_size) == self.beam_size]
+        if len(rows) < 2:
+            present = sorted({(s.get("batch_size"), s.get("beam_size")) for s in samples}, key=str)
+            raise ValueError(f"{len(rows)} samples at batch_size={self.batch_size}, beam_size={self.beam_size} "
+                             f"(need >= 2); the samples have (batch_size, beam_size) {present}")
+        for i, s in enumerate(rows):
+            if not (math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0):
+                raise ValueError(f"samples[{i}].latency_ms={s['latency_ms']} must be positive and finite")
+        archs = [_as_arch(s["arch"]) for s in rows]
+        log_ms = torch.tensor([math.log(s["latency_ms"]) for s in rows], dtype=torch.float64)  # [n]
+        x_raw = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
+        g = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(rows), generator=g)
+        n_hold = max(1, round(holdout * len(rows))) if holdout > 0 else 0
+        hold, train = order[:n_hold], order[n_hold:]
+        self.feature_mean = x_raw[train].mean(0).float()
+        std = x_raw[train].std(0) if len(train) > 1 else torch.zeros(x_raw.size(1), dtype=torch.float64)
+        self.feature_std = torch.where(std > 1e-9, std, torch.ones_like(std)).float()  # constant feature: keep 0
+        self.target_mean = float(log_ms[train].mean())
+        self.target_std = float(log_ms[train].std()) if len(train) > 1 and float(log_ms[train].std()) > 1e-9 else 1.0
+        x = ((x_raw - self.feature_mean.double()) / self.feature_std.double()).float()  # [n, F]
+        y = ((log_ms - self.target_mean) / self.target_std).float()  # [n]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = _mlp(len(FEATURE_NAMES), self.hidden, self.hidden_layers)
+        opt = torch.optim.AdamW(self.net.parameters(), lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
+        self.net.train()
+        with _one_thread():
+            for _ in range(epochs):
+                loss = nn.functional.mse_loss(self.net(x[train]).squeeze(1), y[train])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+        self.net.eval()
+        self.fitted = True
+        scored = hold if n_hold else train
+        with torch.no_grad():
+            pred = self._ms(self.net(x[scored]).squeeze(1))  # [m] ms
+        true = log_ms[scored].exp()
+        self.metrics = {
+            "rmse_ms": float(((pred - true) ** 2).mean().sqrt()),
+            "mape": float(((pred - true).abs() / true).mean() * 100.0),
+            "train_samples": float(len(train)),
+            "holdout_samples": float(n_hold),
+        }
+        return dict(self.metrics)
+
+    @torch.no_grad()
+    def predict_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
+        """Predicted latency (ms) of each arch at this predictor's batch and beam size.
+
+        Raises:
+            RuntimeError: the predictor was neither fitted nor loaded.
+        """
+        if not self.fitted:
+            raise RuntimeError("the latency predictor is not fitted; call fit() or LatencyPredictor.load()")
+        if not archs:
+            return []
+        with _one_thread():
+            return self._ms(self.net(self._x([_as_arch(a) for a in archs])).squeeze(1)).tolist()
+
+    def predict(self, arch: Arch | Mapping[str, Any]) -> float:
+        """Predicted latency (ms) of one arch; see :meth:`predict_many`."""
+        return self.predict_many([arch])[0]
+
+    def _sidecar(self) -> dict[str, Any]:
+        return {
+            "format": PREDICTOR_FORMAT,
+            "feature_names": list(FEATURE_NAMES),
+            "feature_mean": self.feature_mean.tolist(),
+            "feature_std": self.feature_std.tolist(),
+            "target": "log_latency_ms",
+            "target_mean": self.target_mean,
+            "target_std": self.target_std,
+            "model_dim": self.model_dim,
+            "hidden": self.hidden,
+            "hidden_layers": self.hidden_layers,
+            "batch_size": self.batch_size,
+            "beam_size": self.beam_size,
+            "device": self.device,
+            "metrics": self.metrics,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the weights to ``path`` (safetensors) and the rest to ``path`` with suffix ``.json``.
+
+        Both files are written to a temporary name first and moved into place (``os.replace``).
+        Returns the weights' path.
+
+        Raises:
+            RuntimeError: the predictor was neither fitted nor loaded.
+        """
+        if not self.fitted:
+            raise RuntimeError("the latency predictor is not fitted; nothing to save")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        save_file({k: v.detach().contiguous() for k, v in self.net.state_dict().items()}, str(tmp))
+        os.replace(tmp, path)
+        atomic_write_text(path.with_suffix(".json"), json.dumps(self._sidecar(), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LatencyPredictor":
+        """Read a predictor written by :meth:`save` (``path`` and its ``.json`` sidecar).
+
+        Raises:
+            FileNotFoundError: either file is missing.
+            ValueError: the sidecar is not a predictor's, or it was fitted on other features
+                than this version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
+        """
+        path = Path(path)
+        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        if meta.get("format") != PREDICTOR_FORMAT:
+            raise ValueError(f"{path.with_suffix('.json')} has format {meta.get('format')!r}, "
+                             f"expected {PREDICTOR_FORMAT!r}")
+        names = meta.get("feature_names")
+        if names != list(FEATURE_NAMES):
+            missing = [n for n in FEATURE_NAMES if n not in (names or [])]
+            extra = [n for n in (names or []) if n not in FEATURE_NAMES]
+            raise ValueError(f"predictor {path} was fitted on features {names}; this version computes "
+                             f"{list(FEATURE_NAMES)} (missing: {missing}, unknown: {extra}, or another order); "
+                             f"refit with `nas latency fit`")
+        pred = cls(meta["model_dim"], hidden=meta["hidden"], hidden_layers=meta["hidden_layers"],
+                   batch_size=meta["batch_size"], beam_size=meta["beam_size"], device=meta.get("device", ""))
+        pred.net.load_state_dict(load_file(str(path)))
+        pred.net.eval()
+        pred.feature_mean = torch.tensor(meta["feature_mean"], dtype=torch.float32)
+        pred.feature_std = torch.tensor(meta["feature_std"], dtype=torch.float32)
+        pred.target_mean, pred.target_std = float(meta["target_mean"]), float(meta["target_std"])
+        pred.metrics = dict(meta.get("metrics", {}))
+        pred.fitted = True
+        return pred
+
+
+def check_drift(predicted_ms: float, measured_ms: float, tolerance: float = 0.2) -> str | None:
+    """A warning when a prediction is more than ``tolerance`` (relative) off a fresh measurement.
+
+    The error is ``|predicted - measured| / measured``; a predictor is only valid on the
+    device, thread count and torch version it was fitted on, and HAT users report drifts
+    above 20% after such changes.
+
+    Returns:
+        The warning text (both values, the error and what to do), or None within tolerance.
+
+    Raises:
+        ValueError: ``measured_ms`` not positive, ``predicted_ms`` negative or not finite,
+            or ``tolerance`` negative.
+    """
+    if not (math.isfinite(measured_ms) and measured_ms > 0):
+        raise ValueError(f"measured_ms={measured_ms} must be positive and finite")
+    if not (math.isfinite(predicted_ms) and predicted_ms >= 0):
+        raise ValueError(f"predicted_ms={predicted_ms} must be non-negative and finite")
+    if tolerance < 0:
+        raise ValueError(f"tolerance={tolerance} must be >= 0")
+    error = abs(predicted_ms - measured_ms) / measured_ms
+    if error <= tolerance:
+        return None
+    return (f"latency predictor drift: predicted {predicted_ms:.1f} ms, measured {measured_ms:.1f} ms "
+            f"({error:.0%} off, tolerance {tolerance:.0%}); the predictor was fitted on another device, "
+            f"thread count or torch version, or the space changed; refit with `nas latency fit` on this machine")

@@ -1,0 +1,200 @@
+"""The latency predictor: features, fitting a known relation, save/load, drift, real measurements."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from nas.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
+                         measure_latency)
+from nas.model.supernet import SuperTransformer
+from nas.space.arch import Arch, StackArch
+from nas.space.space import SearchSpace
+from nas.space.spec import parse_spec
+
+MODEL_DIM = 32
+
+# Per-layer widths, depths, paths/kernels under a layout condition: every feature group varies.
+SPACE = {
+    "encoder_layers": {"values": [1, 2, 3]},
+    "decoder_layers": {"values": [1, 2]},
+    "width": {"values": [8, 16, 32], "per_layer": True},
+    "ffn_width": {"values": [16, 32, 64], "per_layer": True},
+    "branches": {"values": [1, 2], "per_layer": True},
+    "layout": {"values": ["sequential", "prime"], "per_layer": True},
+    "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
+    "kernels": {"values": [[], [3]], "per_layer": True, "when": {"layout": "prime"}},
+}
+
+
+def _space(space: dict = SPACE, **supernet) -> tuple[SearchSpace, object]:
+    raw = {
+        "name": "t",
+        "data": {"train": {"src": "a.en", "tgt": "a.de"}, "valid": {"src": "b.en", "tgt": "b.de"}},
+        "supernet": {"model_dim": MODEL_DIM, "heads": 2, "encoder_layers": 3, "decoder_layers": 2,
+                     "kernels": [3], **supernet},
+        "space": space,
+    }
+    spec = parse_spec(raw)
+    return SearchSpace.from_spec(spec), spec
+
+
+def _stack(n: int, width: int = 16, paths: int = 1) -> StackArch:
+    return StackArch((width,) * n, (32,) * n, (1,) * n, (paths,) * n)
+
+
+def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
+    """latency_ms = 0.05 * sum(width) + 1.0 * layers + 2, times (1 + N(0, noise))."""
+    space, _ = _space()
+    rng = random.Random(seed)
+    samples = []
+    for _ in range(n):
+        arch = space.sample(rng)
+        layers = arch.encoder.layers + arch.decoder.layers
+        ms = 0.05 * (sum(arch.encoder.width) + sum(arch.decoder.width)) + 1.0 * layers + 2.0
+        samples.append({"arch": arch.to_dict(), "latency_ms": ms * (1.0 + rng.gauss(0.0, noise)),
+                        "batch_size": 1, "beam_size": 4})
+    return samples
+
+
+# ---- features ------------------------------------------------------------------------------------
+
+def test_features_have_one_value_per_name_for_every_sampled_arch():
+    space, _ = _space()
+    rng = random.Random(0)
+    for arch in [space.widest(), space.narrowest(), *(space.sample(rng) for _ in range(20))]:
+        features = arch_features(arch, MODEL_DIM)
+        assert len(features) == len(FEATURE_NAMES) and all(math.isfinite(f) for f in features)
+    assert len(set(FEATURE_NAMES)) == len(FEATURE_NAMES)
+
+
+def test_more_paths_gives_larger_path_features_and_nothing_else_shrinks():
+    one = arch_features(Arch(_stack(2, paths=1), _stack(1)), MODEL_DIM)
+    two = arch_features(Arch(_stack(2, paths=2), _stack(1)), MODEL_DIM)
+    changed = {name for name, a, b in zip(FEATURE_NAMES, one, two) if a != b}
+    assert changed == {"encoder.paths_mean", "encoder.paths_sum", "encoder.attention_work", "encoder.ffn_work"}
+    assert all(b >= a for a, b in zip(one, two))
+    assert two[FEATURE_NAMES.index("encoder.paths_sum")] == 4.0
+
+
+def test_prime_kernels_units_and_depth_show_in_their_features():
+    base = Arch(_stack(2), _stack(1))
+    prime = Arch(StackArch((16, 16), (32, 32), layout=("prime", "sequential"), kernels=((3, 7), ())), _stack(1))
+    units = Arch(_stack(2), StackArch((16,), (32,), units=(2,), unit_dependency=("sequential",)))
+    f = lambda arch, name: arch_features(arch, MODEL_DIM)[FEATURE_NAMES.index(name)]
+    assert f(prime, "encoder.prime_layers") == 1 and f(prime, "encoder.kernel_taps") == 10
+    assert f(units, "decoder.units_sum") == 2 and f(units, "decoder.sequential_dependency_layers") == 1
+    assert f(Arch(_stack(3), _stack(1)), "encoder.layers") == 3 > f(base, "encoder.layers")
+    assert f(base, "model_width") == MODEL_DIM
+
+
+def test_model_width_attribute_overrides_model_dim_and_none_falls_back():
+    idx = FEATURE_NAMES.index("model_width")
+    assert arch_features(Arch(_stack(1), _stack(1), model_width=24), MODEL_DIM)[idx] == 24
+    assert arch_features(Arch(_stack(1), _stack(1)), MODEL_DIM)[idx] == MODEL_DIM
+
+
+# ---- fitting ------------------------------------------------------------------------------------
+
+# 2% multiplicative noise alone costs a perfect model a MAPE of E|N(0, 0.02)| = 1.6%; the
+# relation is linear in two features the predictor sees (sum of widths = width_sum, layers),
+# so a fitted MLP adds little: 5% leaves room for 160 training samples. Shuffling the target
+# breaks the relation, and predicting the mean of a target spanning ~5-15 ms gives ~25-30%.
+MAPE_LIMIT = 5.0
+
+
+def test_predictor_learns_a_known_relation_within_the_noise():
+    predictor = LatencyPredictor(MODEL_DIM)
+    metrics = predictor.fit(_synthetic(200, seed=1), holdout=0.2, epochs=600, seed=0)
+    assert metrics["holdout_samples"] == 40 and metrics["train_samples"] == 160
+    assert metrics["mape"] < MAPE_LIMIT, metrics
+    fresh = _synthetic(30, seed=2, noise=0.0)
+    errors = [abs(predictor.predict(s["arch"]) - s["latency_ms"]) / s["latency_ms"] for s in fresh]
+    assert sum(errors) / len(errors) * 100 < MAPE_LIMIT
+
+
+def test_predictor_cannot_fit_a_shuffled_target():
+    samples = _synthetic(200, seed=1)
+    latencies = [s["latency_ms"] for s in samples]
+    random.Random(3).shuffle(latencies)
+    shuffled = [{**s, "latency_ms": ms} for s, ms in zip(samples, latencies)]
+    metrics = LatencyPredictor(MODEL_DIM).fit(shuffled, holdout=0.2, epochs=600, seed=0)
+    assert metrics["mape"] > 2 * MAPE_LIMIT, metrics
+
+
+def test_fit_uses_only_samples_at_its_batch_size_and_says_which_exist():
+    samples = _synthetic(10, seed=4)
+    with pytest.raises(ValueError, match=r"batch_size=8.*\(1, 4\)"):
+        LatencyPredictor(MODEL_DIM, batch_size=8).fit(samples, epochs=1)
+    with pytest.raises(ValueError, match="latency_ms=0.0"):
+        LatencyPredictor(MODEL_DIM).fit([*samples, {**samples[0], "latency_ms": 0.0}], epochs=1)
+    with pytest.raises(RuntimeError, match="not fitted"):
+        LatencyPredictor(MODEL_DIM).predict(samples[0]["arch"])
+
+
+# ---- save / load --------------------------------------------------------------------------------
+
+def test_save_and_load_give_identical_predictions(tmp_path):
+    samples = _synthetic(40, seed=5)
+    predictor = LatencyPredictor(MODEL_DIM, hidden=16, beam_size=4, device="cpu: test")
+    predictor.fit(samples, epochs=50, seed=0)
+    path = predictor.save(tmp_path / "latency.safetensors")
+    loaded = LatencyPredictor.load(path)
+    archs = [s["arch"] for s in samples]
+    assert loaded.predict_many(archs) == predictor.predict_many(archs)
+    meta = json.loads((tmp_path / "latency.json").read_text())
+    assert meta["device"] == "cpu: test" and meta["batch_size"] == 1 and meta["beam_size"] == 4
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
+
+
+def test_load_refuses_a_predictor_fitted_on_other_features(tmp_path):
+    predictor = LatencyPredictor(MODEL_DIM, hidden=8)
+    predictor.fit(_synthetic(10, seed=6), epochs=5)
+    path = predictor.save(tmp_path / "latency.safetensors")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    meta["feature_names"] = meta["feature_names"][:-1] + ["encoder.heads_mean"]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match=r"fitted on features .*encoder\.heads_mean.*refit with `nas latency fit`"):
+        LatencyPredictor.load(path)
+
+
+# ---- drift --------------------------------------------------------------------------------------
+
+def test_check_drift_warns_only_beyond_the_tolerance():
+    assert check_drift(11.9, 10.0) is None
+    assert check_drift(8.1, 10.0) is None
+    warning = check_drift(12.5, 10.0)
+    assert warning is not None and "25%" in warning and "nas latency fit" in warning
+    assert check_drift(7.0, 10.0) is not None
+    assert check_drift(11.0, 10.0, tolerance=0.05) is not None
+    with pytest.raises(ValueError, match="measured_ms=0"):
+        check_drift(1.0, 0.0)
+
+
+# ---- measuring on a real supernet ---------------------------------------------------------------
+
+def test_collect_samples_times_real_extracted_models():
+    torch.manual_seed(0)
+    space, spec = _space({"encoder_layers": {"values": [1, 2]}, "width": {"values": [16, 32], "per_layer": True},
+                          "ffn_width": {"values": [32, 64]}}, encoder_layers=2, decoder_layers=1, kernels=[])
+    supernet = SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64)
+    sentences = [[5, 17, 42, 3], [8, 9, 60, 71, 3]]
+    samples = collect_samples(supernet, space, sentences, 3, seed=0, batch_sizes=(1, 2), beam_size=2,
+                              threads=1, progress=False)
+    assert len(samples) == 6 and len({s["arch_id"] for s in samples}) == 3
+    assert samples[0]["arch"] == space.widest().to_dict() and samples[2]["arch"] == space.narrowest().to_dict()
+    assert all(math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0 for s in samples)
+    assert {s["batch_size"] for s in samples} == {1, 2} and all(s["beam_size"] == 2 for s in samples)
+    assert all("(1 thread)" in s["device"] for s in samples)
+    json.dumps(samples)  # JSON-ready for `nas latency collect`
+
+
+def test_measure_latency_rejects_a_batch_larger_than_the_sentences():
+    space, spec = _space({}, encoder_layers=1, decoder_layers=1, kernels=[], ffn_width=32)
+    supernet = SuperTransformer(50, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=32)
+    with pytest.raises(ValueError, match="batch_size=4 needs at least 4 sentences; got 2"):
+        measure_latency(supernet, None, [[5, 3], [6, 3]], batch_size=4)
