@@ -5,7 +5,8 @@ Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
 1. A 3-branch attention of width 256 against a 1-branch attention of width 768 (same FLOPs),
    forward + backward (goal <= 1.15): branches are extra heads of one SDPA call.
 2. A 4-path FFN sublayer (per-path LN, FFN, PathNorm, weighted fuse) against a 1-path FFN
-   sublayer with 4x the inner width (goal <= 1.15): paths are one batched matmul.
+   sublayer with 4x the inner width (goal <= 1.15): the per-path LN affine is folded into the
+   first projection, so the 4 paths' first projections are one matmul of the shared input.
 3. The supernet running an arch against ``extract(arch)`` running the same arch, for random
    archs of ``search_spaces/unified.yaml``: training step (forward + backward, goal <= 1.15)
    and inference (teacher-forced forward, no grad; goal <= 1.05).
@@ -24,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion
+from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion, path_ffn
 from nas.model.supernet import extract
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
@@ -64,7 +65,7 @@ def _ffn_step(fusion: PathFusion, ffn: ElasticFFN, x: torch.Tensor, paths: int, 
         ffn.zero_grad(set_to_none=True)
         fusion.zero_grad(set_to_none=True)
         with autocast:
-            y = fusion.fuse(x, ffn(fusion.paths_in(x, paths), width))
+            y = fusion.fuse(x, path_ffn(fusion, ffn, x, width, paths))  # the layers' own code path
         y.float().square().mean().backward()
     return step
 

@@ -1,19 +1,315 @@
-"""docker-compose.yml is checked by parsing (no Docker engine here)."""
+"""docker-compose.yml and docker/ are checked by parsing (no Docker engine here).
 
+Values written ``${VAR:-default}`` are checked at their defaults (what ``docker compose up`` uses with
+no .env); ``$$`` is compose's escape for a ``$`` that the container's shell expands.
+"""
+
+from __future__ import annotations
+
+import configparser
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
 import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from tests.conftest import REPO
 
+COMPOSE_FILE = REPO / "docker-compose.yml"
+DOCKERFILE = REPO / "docker" / "Dockerfile"
+REQUIREMENTS = REPO / "docker" / "requirements.txt"
+LONG_RUNNING = ("postgres", "s3", "mlflow", "ray-head", "ray-worker", "optuna-dashboard")
+_DOLLAR = "\0dollar\0"
 
-def test_compose_has_postgres_backed_mlflow_server():
-    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
-    services = compose["services"]
-    assert {"postgres", "mlflow"} <= set(services)
-    command = services["mlflow"]["command"]
-    assert "postgresql+psycopg://" in command and "@postgres:5432/" in command
-    assert "--serve-artifacts" in command and "--allowed-hosts" in command
-    assert services["mlflow"]["depends_on"]["postgres"]["condition"] == "service_healthy"
-    assert "5000:5000" in services["mlflow"]["ports"]
+
+def _defaults(text: str) -> str:
+    """``text`` with every ``${VAR:-default}`` / ``${VAR-default}`` / ``${VAR}`` at its default."""
+    text = text.replace("$$", _DOLLAR)
+    text = re.sub(r"\$\{\w+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", text)
+    return text.replace(_DOLLAR, "$")
+
+
+def _command(service: dict) -> str:
+    """The service's command as one string, at its defaults (list forms joined by spaces)."""
+    command = service.get("command", "")
+    return _defaults(command if isinstance(command, str) else " ".join(command))
+
+
+def _env(service: dict) -> dict[str, str]:
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {key: str(value) for key, value in env.items()}
+
+
+def _mounts(service: dict) -> list[tuple[str, str]]:
+    """(source, target) of each volume mount, short or long syntax."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            mounts.append((volume["source"], volume["target"]))
+        else:
+            source, target = volume.split(":")[:2]
+            mounts.append((source, target))
+    return mounts
+
+
+def _is_bind(source: str) -> bool:
+    return source.startswith((".", "/", "~", "$"))
+
+
+def _size_bytes(size: str) -> int:
+    match = re.fullmatch(r"(\d+)\s*([kmg]?)b?", size.strip().lower())
+    assert match, f"shm_size={size!r} is not a size like 16gb"
+    return int(match.group(1)) * 1024 ** " kmg".index(match.group(2) or " ")
+
+
+def _shell_scripts(compose: dict) -> list[tuple[str, str]]:
+    """(service, script) for every inline script run by `bash -c` / `sh -c`."""
+    scripts = []
+    for name, service in compose["services"].items():
+        entrypoint = service.get("entrypoint") or []
+        command = service.get("command") or []
+        argv = list(entrypoint) + (list(command) if isinstance(command, list) else shlex.split(command))
+        for i, arg in enumerate(argv[:-1]):
+            if arg == "-c" and Path(argv[i - 1] if i else "").name in ("bash", "sh"):
+                scripts.append((name, argv[i + 1]))
+    return scripts
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> str:
+    return DOCKERFILE.read_text()
+
+
+def test_postgres_16_init_script_creates_the_mlflow_and_optuna_databases(services):
+    postgres = services["postgres"]
+    assert postgres["image"].split(":")[1].split(".")[0].startswith("16")
+    inits = [(src, dst) for src, dst in _mounts(postgres) if dst.startswith("/docker-entrypoint-initdb.d/")]
+    assert inits, "postgres mounts no init script into /docker-entrypoint-initdb.d"
+    sql = "\n".join((REPO / src).read_text() for src, _ in inits)
+    created = set(re.findall(r"CREATE DATABASE\s+(\w+)", sql, re.IGNORECASE))
+    assert {"mlflow", "optuna"} <= created
+    # the image would create POSTGRES_DB before the init script runs, and the script would then fail
+    assert _env(postgres).get("POSTGRES_DB") not in created
+    assert "healthcheck" in postgres
+
+
+def test_artifact_store_is_a_pinned_maintained_s3_store_not_minio(services):
+    image = services["s3"]["image"]
+    assert "minio" not in image.lower(), "MinIO's community images are archived"
+    _, _, tag = image.partition(":")
+    assert tag and tag != "latest", f"pin the artifact store's tag: {image}"
+    assert "healthcheck" in services["s3"]
+
+
+def test_store_identity_and_every_s3_client_use_the_same_keys(compose, services):
+    config = services["s3"]["configs"][0]
+    assert config["target"] in _command(services["s3"])
+    identities = json.loads(compose["configs"][config["source"]]["content"])["identities"]
+    credentials = identities[0]["credentials"][0]
+    for client in ("s3-create-bucket", "mlflow"):
+        env = _env(services[client])
+        assert env["AWS_ACCESS_KEY_ID"] == credentials["accessKey"], client
+        assert env["AWS_SECRET_ACCESS_KEY"] == credentials["secretKey"], client
+        assert env["AWS_SECRET_ACCESS_KEY"].startswith("${"), f"{client}: the S3 secret must come from the environment"
+
+
+def test_bucket_job_waits_for_a_healthy_store_creates_mlflow_and_runs_once(services):
+    job = services["s3-create-bucket"]
+    assert job["depends_on"]["s3"]["condition"] == "service_healthy"
+    assert job["restart"] == "no"
+    assert ":" in job["image"] and not job["image"].endswith(":latest")
+    script = _command(job)
+    assert re.search(r"create-bucket --bucket mlflow|s3 mb s3://mlflow", script)
+    assert "http://s3:8333" in script
+
+
+def test_mlflow_server_uses_postgres_and_proxied_s3_artifacts(services):
+    mlflow = services["mlflow"]
+    assert mlflow["image"] == f"ghcr.io/mlflow/mlflow:v{version('mlflow')}", "match the pinned mlflow"
+    command = _command(mlflow)
+    assert re.search(r"--backend-store-uri \S*postgresql\+psycopg://nas:\S+@postgres:5432/mlflow", command)
+    assert "--serve-artifacts" in command and "--artifacts-destination s3://mlflow/" in command
+    assert "--default-artifact-root" not in command, "proxied artifacts use the default mlflow-artifacts:/ root"
+    assert "--allowed-hosts" in command
+    env = _env(mlflow)
+    allowed = _defaults(env["NAS_MLFLOW_ALLOWED_HOSTS"]).split(",")
+    assert {"localhost:5000", "mlflow:5000"} <= set(allowed)  # the host and the Ray nodes
+    assert env["MLFLOW_S3_ENDPOINT_URL"] == "http://s3:8333"
+    assert mlflow["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert mlflow["depends_on"]["s3-create-bucket"]["condition"] == "service_completed_successfully"
+    assert any(port.endswith(":5000:5000") for port in mlflow["ports"])
+
+
+def test_mlflow_basic_auth_variant_is_switched_by_env_and_configured_by_a_mounted_ini(services):
+    mlflow = services["mlflow"]
+    command, env = _command(mlflow), _env(mlflow)
+    assert "--app-name basic-auth" in command and "NAS_MLFLOW_AUTH" in command
+    assert _defaults(env["NAS_MLFLOW_AUTH"]) == "off", "basic auth is opt-in"
+    mounts = dict((dst, src) for src, dst in _mounts(mlflow))
+    ini_path = REPO / mounts[env["MLFLOW_AUTH_CONFIG_PATH"]]
+    ini = configparser.ConfigParser()
+    ini.read(ini_path)
+    assert ini["mlflow"]["admin_username"]
+    assert "admin_password" not in ini["mlflow"], "the admin password comes from MLFLOW_AUTH_ADMIN_PASSWORD"
+    auth_db = ini["mlflow"]["database_uri"].removeprefix("sqlite:///")
+    assert any(auth_db.startswith(dst + "/") and not _is_bind(src) for dst, src in mounts.items()), (
+        f"the auth database {auth_db} must live on a named volume")
+    for var in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        assert env[var].startswith("${"), f"{var} must come from the environment"
+
+
+def test_ray_head_workers_and_driver_share_one_build_and_image(services):
+    head, worker, driver = services["ray-head"], services["ray-worker"], services["driver"]
+    assert head["build"] == worker["build"] == driver["build"]
+    assert head["image"] == worker["image"] == driver["image"]
+    assert (REPO / head["build"]["context"] / head["build"]["dockerfile"]).resolve() == DOCKERFILE
+
+
+def test_ray_head_publishes_gcs_dashboard_and_client_ports_and_workers_join_it(services):
+    head, worker = services["ray-head"], services["ray-worker"]
+    assert _command(head).startswith("ray start --head") and "--block" in _command(head)
+    published = {port.rsplit(":", 2)[-1] for port in head["ports"]}
+    assert {"6379", "8265", "10001"} <= published
+    assert "ray start --address=ray-head:6379 --block" in _command(worker)
+    assert worker["depends_on"]["ray-head"]["condition"] == "service_healthy"
+
+
+def test_ray_workers_reserve_nvidia_gpus_and_enough_shared_memory(services):
+    worker = services["ray-worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert re.fullmatch(r"\$\{\w+:-\d+\}", str(worker["deploy"]["replicas"])), "replicas: ${VAR:-N}"
+    for name in ("ray-worker", "ray-head"):
+        assert _size_bytes(_defaults(services[name]["shm_size"])) >= 8 * 1024 ** 3, name
+
+
+def test_ray_nodes_and_driver_share_the_cluster_token_and_tracking_server(services):
+    envs = [_env(services[name]) for name in ("ray-head", "ray-worker", "driver")]
+    assert all(env == envs[0] for env in envs)
+    assert envs[0]["RAY_AUTH_MODE"] == "token" and envs[0]["RAY_AUTH_TOKEN"].startswith("${")
+    assert envs[0]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    mounts = [dict((dst, src) for src, dst in _mounts(services[name])) for name in ("ray-head", "ray-worker", "driver")]
+    assert all(m == mounts[0] for m in mounts), "every node must see the same nas_runs and data paths"
+
+
+def test_optuna_dashboard_is_pinned_and_reads_the_optuna_database(services):
+    dashboard = services["optuna-dashboard"]
+    assert re.fullmatch(r"ghcr\.io/optuna/optuna-dashboard:v\d+\.\d+\.\d+", dashboard["image"])
+    assert re.search(r"^postgresql\+psycopg2://nas:[^@]+@postgres:5432/optuna$", _command(dashboard))
+    assert any(port.endswith(":8080:8080") for port in dashboard["ports"])
+    assert dashboard["depends_on"]["postgres"]["condition"] == "service_healthy"
+
+
+def test_long_running_services_restart_and_have_healthchecks_one_shots_do_not_restart(services):
+    for name in LONG_RUNNING:
+        assert services[name]["restart"] == "unless-stopped", name
+        if name != "ray-worker":  # a worker's health is the head's `ray status`
+            assert "healthcheck" in services[name], name
+    for name in set(services) - set(LONG_RUNNING):
+        assert services[name]["restart"] == "no", name
+
+
+def test_every_named_volume_is_declared_and_every_mounted_file_exists(compose, services):
     for name, service in services.items():
-        for volume in service.get("volumes", []):
-            assert volume.split(":")[0] in compose["volumes"], f"{name} mounts an undeclared volume {volume}"
+        for source, target in _mounts(service):
+            if _is_bind(source):
+                assert (REPO / source).is_file(), f"{name} mounts a missing file {source}"
+            else:
+                assert source in compose["volumes"], f"{name} mounts an undeclared volume {source}"
+        for config in service.get("configs", []):
+            assert config["source"] in compose.get("configs", {}), f"{name}: undeclared config {config['source']}"
+
+
+def test_every_depends_on_target_exists(services):
+    for name, service in services.items():
+        for target in service.get("depends_on", {}):
+            assert target in services, f"{name} depends on a missing service {target}"
+
+
+def test_database_passwords_come_from_the_environment(compose):
+    text = COMPOSE_FILE.read_text()
+    uris = re.findall(r"postgresql\+\w+://nas:([^@]+)@", text)
+    assert uris
+    for password in uris:
+        assert password.startswith(("${", "$${")), f"a literal password in a database URL: {password}"
+    for service in compose["services"].values():
+        for key, value in _env(service).items():
+            if re.search(r"PASSWORD|SECRET|TOKEN", key) and "TRACKING" not in key:
+                assert value.startswith("${"), f"{key} is set literally"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_inline_shell_scripts_parse(compose):
+    scripts = _shell_scripts(compose)
+    assert {name for name, _ in scripts} >= {"mlflow", "s3-create-bucket"}
+    for name, script in scripts:
+        result = subprocess.run(["bash", "-n"], input=_defaults(script), text=True, capture_output=True)
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+
+
+def test_header_gives_the_commands_and_the_optuna_storage_url():
+    header = COMPOSE_FILE.read_text().split("\nname:", 1)[0]
+    assert "docker compose up -d" in header
+    assert "export MLFLOW_TRACKING_URI=http://localhost:5000" in header
+    sweep = re.search(r"nas sweep (\S+) --address ray://localhost:10001", header)
+    assert sweep and (REPO / sweep.group(1)).is_file()
+    assert re.search(r"postgresql\+psycopg://nas:\S+@localhost:5432/optuna", header)
+
+
+def test_dockerfile_installs_pinned_torch_then_the_pinned_package_on_python_3_11(dockerfile):
+    assert re.search(r"^FROM python:3\.11[-.]", dockerfile, re.MULTILINE)
+    torch = Version(version("torch")).public
+    assert re.search(rf"^ARG TORCH_VERSION={re.escape(torch)}$", dockerfile, re.MULTILINE)
+    assert re.search(r'pip install --index-url "\$\{TORCH_INDEX_URL\}" "torch==\$\{TORCH_VERSION\}"', dockerfile)
+    assert re.search(r"^ARG TORCH_INDEX_URL=\S+", dockerfile, re.MULTILINE)
+    assert "pip install -r /tmp/requirements.txt" in dockerfile
+    assert re.search(r"pip install --no-deps \S+ && pip check", dockerfile)
+
+
+def test_image_pins_every_dependency_of_pyproject_at_the_tested_version():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pins = {}
+    for line in REQUIREMENTS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", f"pin {line!r} exactly"
+            pins[req.name.lower()] = (spec.version, req.extras)
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    for dependency in project["dependencies"]:
+        req = Requirement(dependency)
+        assert req.name.lower() in pins, f"docker/requirements.txt does not pin {req.name}"
+        pinned, extras = pins[req.name.lower()]
+        assert req.extras <= extras, f"{req.name}: the image lacks extras {req.extras - extras}"
+        assert Version(version(req.name)).public == pinned, f"{req.name}=={pinned} but the tests run {version(req.name)}"
+    assert "default" in pins["ray"][1], "the Ray dashboard and client server need ray[default]"
+
+
+def test_dockerfile_copies_only_what_its_dockerignore_lets_through(dockerfile):
+    allowed = {line[1:] for line in (DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY") and "--from" not in line:
+            sources = [arg for arg in line.split()[1:-1] if not arg.startswith("--")]
+            for source in sources:
+                assert source in allowed, f"COPY {source} is excluded by Dockerfile.dockerignore"
+                assert (REPO / source).exists(), f"COPY {source}: no such path"

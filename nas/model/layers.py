@@ -27,7 +27,7 @@ from nas.space.arch import DEPENDENCIES, UNIT_BIASES, LayerArch
 
 __all__ = ["MultiBranchAttention", "ElasticFFN", "PathFusion", "DynamicConv", "EncoderLayer", "DecoderLayer",
            "apply_unit_bias", "unit_bias_kinds", "doubly_normalize", "permutation_penalty", "UNIT_BIASES", "DEPENDENCIES",
-           "sinusoidal_positions", "drop_mask", "path_project"]
+           "sinusoidal_positions", "drop_mask", "path_project", "path_ffn"]
 
 Cache = dict[str, torch.Tensor]
 # On CPU the math backend is faster than the flash kernel for MT-length sequences (its
@@ -221,6 +221,27 @@ class ElasticFFN(nn.Module):
         hidden = F.relu(path_project(xs, w1, b1))  # [G, b, t, F_l]
         return path_project(self.dropout(hidden), w2, b2)
 
+    def folded(self, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ffn_width: int) -> torch.Tensor:
+        """The FFN of every path on ``LN_p(x) = x^ * g_p + b_p`` without materialising the P inputs.
+
+        ``W1 (x^ g + b) = (W1 g) x^ + W1 b``: each path's layer-norm affine is folded into its first
+        projection, and the P paths' first projections run as ONE matmul of the shared normalised
+        input. Args: ``xn [U, b, t, C]`` (``LN(x_u)`` without affine), ``ln_weight``/``ln_bias``
+        ``[U, P, C]`` (Multi-Path eq. 5's per-path LN). Returns ``[U*P, b, t, C]`` (unit-major), equal
+        to ``forward(LN_p(x_u))``.
+        """
+        units, n_paths, c = ln_weight.size(0), ln_weight.size(1), xn.size(-1)
+        _, bsz, t, _ = xn.shape
+        w1, b1 = self.w1[:units, :n_paths, :ffn_width, :c], self.b1[:units, :n_paths, :ffn_width]  # [U, P, F, C]
+        w1f = (w1 * ln_weight[:, :, None, :]).reshape(units, n_paths * ffn_width, c)
+        b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).reshape(units, n_paths * ffn_width)
+        hidden = self.dropout(F.relu(path_project(xn, w1f, b1f)))  # [U, b, t, P*F]
+        hidden = hidden.view(units, bsz * t, n_paths, ffn_width)
+        hidden = hidden[0].transpose(0, 1) if units == 1 else hidden.transpose(1, 2).reshape(units * n_paths, bsz * t, ffn_width)
+        w2 = self.w2[:units, :n_paths, :c, :ffn_width].flatten(0, 1)  # [G, C, F]
+        b2 = self.b2[:units, :n_paths, :c].flatten(0, 1)  # [G, C]
+        return torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2)).view(units * n_paths, bsz, t, c)
+
 
 class PathFusion(nn.Module):
     """The pre-norm wrapper of one sublayer with ``P`` paths, for each of ``U`` units (Multi-Path eq. 4-7).
@@ -259,14 +280,27 @@ class PathFusion(nn.Module):
         normed = torch.addcmul(b[:, :, None, None], F.layer_norm(x, (c,)).unsqueeze(1), w[:, :, None, None])  # [U, P, b, t, C]
         return normed.flatten(0, 1)
 
+    def ln_affine(self, units: int, n_paths: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-path layer-norm weight and bias ``[U, P, C]`` (for :meth:`ElasticFFN.folded`)."""
+        return self.ln_weight[:units, :n_paths, :c], self.ln_bias[:units, :n_paths, :c]
+
     def fuse(self, x: torch.Tensor, ys: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
-        """``x [U, b, t, C]``, outputs ``ys [U*P, b, t, C]``, optional drop mask ``keep [U*P, b]`` -> ``[U, b, t, C]``."""
+        """``x [U, b, t, C]``, outputs ``ys [U*P, b, t, C]``, optional drop mask ``keep [U*P, b]`` -> ``[U, b, t, C]``.
+
+        PathNorm runs in the outputs' dtype (bf16 under autocast; statistics accumulate in fp32
+        inside the kernel): the P-fold activations are the sublayer's largest element-wise cost.
+        """
         units = x.size(0)
         n_paths = ys.size(0) // units
         if keep is not None:
             keep = keep[:, :, None, None].to(ys.dtype)
         if n_paths == 1:
             return x + (ys if keep is None else ys * keep)
+        with torch.autocast(x.device.type, enabled=False):
+            return self._fuse_paths(x, ys, keep, units, n_paths)
+
+    def _fuse_paths(self, x: torch.Tensor, ys: torch.Tensor, keep: torch.Tensor | None, units: int,
+                    n_paths: int) -> torch.Tensor:
         c = x.size(-1)
         ys = ys.view(units, n_paths, *ys.shape[1:])  # [U, P, b, t, C]
         weight, bias = self.pathnorm_weight[:units, :n_paths, :c], self.pathnorm_bias[:units, :n_paths, :c]
@@ -279,11 +313,11 @@ class PathFusion(nn.Module):
             alpha = torch.cat([alpha, self.new_alpha[:units, :n_paths]], 1)
             keep = None if keep is None else keep.view(units, n_paths, *keep.shape[1:]).repeat(1, 2, 1, 1, 1).flatten(0, 1)
         # alpha_i * PathNorm_i(y) = LN(y) * (alpha_i * gamma_i) + alpha_i * beta_i: one fused pass
-        weight, bias = weight * alpha[..., None], bias * alpha[..., None]
+        weight, bias = (weight * alpha[..., None]).to(ys.dtype), (bias * alpha[..., None]).to(ys.dtype)
         ys = torch.addcmul(bias[:, :, None, None], F.layer_norm(ys, (c,)), weight[:, :, None, None])
         if keep is not None:
             ys = ys * keep.view(*ys.shape[:2], *keep.shape[1:])
-        return torch.addcmul(ys.sum(1), self.beta[:units, None, None, None], x)
+        return torch.addcmul(ys.sum(1).to(x.dtype), self.beta[:units, None, None, None], x)
 
 
 class DynamicConv(nn.Module):
@@ -353,6 +387,18 @@ class DynamicConv(nn.Module):
         out = torch.einsum("ubtk,ubtdk->ubtd", self.kernel(x, kernels).to(v.dtype), windows)
         c = x.size(-1)
         return path_project(out, self.w_out[:units, :c, :width], self.b_out[:units, :c])
+
+
+def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: int, n_paths: int) -> torch.Tensor:
+    """``FFN(LN_p(x_u))`` of every (unit, path) group, ``xu [U, b, t, C] -> [U*P, b, t, C]`` (Multi-Path eq. 5).
+
+    The plain pre-norm FFN for one unit and one path; otherwise the per-path LN affine is folded
+    into the first projection (:meth:`ElasticFFN.folded`).
+    """
+    units, c = xu.size(0), xu.size(-1)
+    if units == 1 and n_paths == 1:
+        return ffn(fusion.paths_in(xu, 1), ffn_width, 1)
+    return ffn.folded(F.layer_norm(xu, (c,)), *fusion.ln_affine(units, n_paths, c), ffn_width)
 
 
 def _cut(scale: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
@@ -448,6 +494,9 @@ class _UnifiedLayer(nn.Module):
             self.mask_embedding = nn.Parameter(torch.randn(model_dim) * model_dim ** -0.5)
         self.dropout = nn.Dropout(dropout)
 
+    def _path_ffn(self, xu: torch.Tensor, ffn_width: int, n_paths: int) -> torch.Tensor:
+        return path_ffn(self.ffn_paths, self.ffn, xu, ffn_width, n_paths)
+
     def _check_layout(self, dims: LayerArch) -> None:
         if dims.layout not in self.layouts:
             raise ValueError(f"layout {dims.layout!r} is not built in this layer (it has {'+'.join(self.layouts)})")
@@ -542,7 +591,7 @@ class EncoderLayer(_UnifiedLayer):
             total = total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
             return self._combine(self._prime_norm(total), dims)
         xu = self.attn_paths.fuse(xu, self.dropout(self.attn(self.attn_paths.paths_in(xu, n_paths), **attn)))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(xu, n_paths), dims.ffn_width, units))
+        ys = self.dropout(self._path_ffn(xu, dims.ffn_width, n_paths))
         return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, nb)), dims)
 
 
@@ -598,5 +647,5 @@ class DecoderLayer(_UnifiedLayer):
             return self._combine(self._prime_norm(total), dims)
         xu = self.self_attn_paths.fuse(xu, self.dropout(self.self_attn(self.self_attn_paths.paths_in(xu, n_paths), **self_kw)))
         xu = self.cross_attn_paths.fuse(xu, self.dropout(self.cross_attn(self.cross_attn_paths.paths_in(xu, n_paths), **cross_kw)))
-        ys = self.dropout(self.ffn(self.ffn_paths.paths_in(xu, n_paths), dims.ffn_width, units))
+        ys = self.dropout(self._path_ffn(xu, dims.ffn_width, n_paths))
         return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, 2 * nb)), dims)
