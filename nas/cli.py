@@ -20,6 +20,8 @@ from rich.markup import escape
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
 app.add_typer(space_app, name="space")
+latency_app = typer.Typer(no_args_is_help=True, help="Latency predictors (HAT-style) for this device.")
+app.add_typer(latency_app, name="latency")
 err = Console(stderr=True, soft_wrap=True)
 out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when piped to a file or CI log
 
@@ -222,6 +224,55 @@ def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -
     from nas.space.space import SearchSpace
 
     out.print_json(SearchSpace.from_spec(spec).sample(random.Random(seed)).to_json())
+
+
+@latency_app.command("fit")
+def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
+                samples: int = typer.Option(100, help="Sub-Transformers to measure (widest, narrowest, then random)."),
+                batch_size: int = typer.Option(1, help="Sentences per batch when timing."),
+                sentences: Optional[int] = typer.Option(None, help="Validation sentences timed (default: search.latency_sentences)."),
+                threads: Optional[int] = typer.Option(None, help="torch threads (default: search.cpu_per_trial)."),
+                out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_b<B>.safetensors)."),
+                seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
+    """Measure sub-Transformers on this machine, fit a latency predictor and report its held-out RMSE and MAPE."""
+    spec = _load(file)
+    import json as _json
+
+    from nas.data import DataError
+    from nas.evaluate import _encode_src
+    from nas.latency import LatencyPredictor, collect_samples
+    from nas.model.io import atomic_write_text, load_model
+    from nas.search.runner import prepare_sweep_data
+    from nas.space.space import SearchSpace
+
+    supernet_dir = spec.run_dir / "supernet"
+    if not (supernet_dir / "supernet.safetensors").is_file():
+        _fail(f"no trained supernet in {supernet_dir}; run `nas sweep {file}` or `nas train {file}` first")
+    try:
+        data = prepare_sweep_data(spec)
+    except DataError as e:
+        _fail(str(e))
+    model = load_model(supernet_dir, "supernet").eval()
+    n_sent = sentences or spec.search.latency_sentences
+    if n_sent < batch_size:
+        _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
+    src_text, _ = data.valid_text()
+    ids = _encode_src(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
+    measured = collect_samples(model, SearchSpace.from_spec(spec), ids, samples, seed=seed, batch_sizes=(batch_size,),
+                               beam_size=spec.search.beam_size, threads=threads or max(1, int(spec.search.cpu_per_trial)))
+    predictor = LatencyPredictor(model.model_dim, batch_size=batch_size, beam_size=spec.search.beam_size,
+                                 device=measured[0]["device"])
+    try:
+        metrics = predictor.fit(measured, seed=seed)
+    except ValueError as e:
+        _fail(str(e))
+    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
+    predictor.save(target)
+    atomic_write_text(target.with_name(target.stem + ".samples.json"), _json.dumps(measured, indent=1))
+    out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
+              f"beam {spec.search.beam_size}")
+    out.print(f"held-out RMSE {metrics['rmse_ms']:.2f} ms, MAPE {metrics['mape']:.1f}% "
+              f"({metrics['holdout_samples']} of {len(measured)} held out); predictor: {target}")
 
 
 if __name__ == "__main__":

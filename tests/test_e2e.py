@@ -146,3 +146,18 @@ def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
     assert proc.returncode == 0, proc.stderr
     proc = _nas(["translate", str(tmp_path / "exported")], env, tmp_path, stdin="A man is riding a bike .\n")
     assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 1
+
+
+def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
+    work, env, _, _ = sweep
+    proc = _nas(["latency", "fit", str(work / "e2e.yaml"), "--samples", "10", "--sentences", "2", "--threads", "1",
+                 "--out", str(work / "lat.safetensors")], env, work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "MAPE" in proc.stdout and "RMSE" in proc.stdout
+    from nas.latency import LatencyPredictor
+    from nas.space.arch import Arch
+
+    predictor = LatencyPredictor.load(work / "lat.safetensors")
+    samples = json.loads((work / "lat.samples.json").read_text())
+    assert len(samples) >= 8 and all(s["latency_ms"] > 0 for s in samples)
+    assert predictor.predict(Arch.from_dict(samples[0]["arch"])) > 0

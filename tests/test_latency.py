@@ -198,3 +198,17 @@ def test_measure_latency_rejects_a_batch_larger_than_the_sentences():
     supernet = SuperTransformer(50, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=32)
     with pytest.raises(ValueError, match="batch_size=4 needs at least 4 sentences; got 2"):
         measure_latency(supernet, None, [[5, 3], [6, 3]], batch_size=4)
+
+
+def test_latency_fit_without_a_trained_supernet_names_the_folder_and_exits_2(multi30k, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+    from tests.conftest import tiny_spec_dict
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
+    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file)])
+    assert result.exit_code == 2
+    assert "no trained supernet" in " ".join(result.output.split()) and "supernet" in result.output

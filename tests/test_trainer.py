@@ -98,3 +98,17 @@ def test_training_with_units_keeps_autoshuffle_matrices_normalized(prepared, tmp
         m = layer.shuffle
         assert (m >= 0).all() and torch.allclose(m.sum(1), torch.ones(2), atol=1e-5)
     assert math.isfinite(result.metrics["widest_valid_loss"])
+
+
+def test_type1_training_updates_the_eq3_projections_and_the_narrow_crop(prepared, tmp_path):
+    """Type-1 Scalable Transformers: the sandwich trains C=16 and C=32 sub-Transformers of one supernet."""
+    raw, data = prepared
+    spec = parse_spec({**raw, "space": {"model_width": {"values": [16, 32]}, "width": {"tie": "model_width"},
+                                        "ffn_width": {"tie": "model_width", "scale": 2}},
+                       "train": {**raw["train"], "steps": 4, "sandwich_k": 0}})
+    assert spec.io_projection
+    train_supernet(spec, data, tmp_path, progress=False)
+    model = load_model(tmp_path, "supernet")
+    eye = torch.eye(32)
+    assert not torch.allclose(model.proj_in.weight, eye) and not torch.allclose(model.proj_out.weight, eye)
+    assert model.model_dim == 32 and model.embed_dim == 32
