@@ -145,8 +145,10 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
            best: bool = typer.Option(False, "--best", help="Export the best trial of the experiment."),
            run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
-           experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's).")) -> None:
-    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model."""
+           experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's)."),
+           onnx: bool = typer.Option(False, "--onnx", help="Also write encoder.onnx, decoder_step.onnx and translate_onnx.py, "
+                                                          "verified with onnxruntime.")) -> None:
+    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX)."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from nas import tracking
     from nas.export import export_arch
@@ -176,6 +178,19 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     except (FileNotFoundError, ValueError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
     out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
+    if onnx:
+        import pyarrow.parquet as pq
+
+        from nas.onnx_export import export_onnx, verify_onnx
+
+        export_onnx(path, path)
+        valid = Path(tags["nas.data_dir"]) / "valid.parquet"  # real sentences of the sweep's validation set
+        sentences = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:4]
+        diff = verify_onnx(path, sentences)
+        if diff > 1e-4:
+            _fail(f"ONNX export of {path} differs from PyTorch by {diff:.2e} in the logits (limit 1e-4)", code=1)
+        out.print(f"ONNX: encoder.onnx + decoder_step.onnx, max |logit diff| vs PyTorch {diff:.1e}; "
+                  f"translate with `python {path}/translate_onnx.py < input.txt` (onnxruntime only)")
 
 
 @app.command(name="translate")

@@ -161,3 +161,21 @@ def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
     samples = json.loads((work / "lat.samples.json").read_text())
     assert len(samples) >= 8 and all(s["latency_ms"] > 0 for s in samples)
     assert predictor.predict(Arch.from_dict(samples[0]["arch"])) > 0
+
+
+def test_export_onnx_from_the_leaderboard_translates_with_onnxruntime_only(sweep):
+    work, env, _, _ = sweep
+    proc = _nas(["export", "--best", "--experiment", "e2e", "--out", str(work / "onnx_export"), "--onnx"], env, work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "max |logit diff|" in proc.stdout
+    assert {"encoder.onnx", "decoder_step.onnx", "translate_onnx.py", "model.safetensors"} <= \
+        {p.name for p in (work / "onnx_export").iterdir()}
+    script = ("import runpy, sys; folder, path = sys.argv[1:3]; sys.argv = [path, '--dir', folder]; "
+              "runpy.run_path(path, run_name='__main__'); "
+              "assert not {'torch', 'nas'} & set(sys.modules), 'the ONNX client must not load torch or nas'")
+    proc = subprocess.run([sys.executable, "-c", script, str(work / "onnx_export"),
+                           str(work / "onnx_export" / "translate_onnx.py")],
+                          input="A man is riding a bike .\nTwo dogs play .\n", capture_output=True, text=True,
+                          cwd=work, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert len(proc.stdout.splitlines()) == 2

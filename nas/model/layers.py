@@ -225,22 +225,28 @@ class ElasticFFN(nn.Module):
         """The FFN of every path on ``LN_p(x) = x^ * g_p + b_p`` without materialising the P inputs.
 
         ``W1 (x^ g + b) = (W1 g) x^ + W1 b``: each path's layer-norm affine is folded into its first
-        projection, and the P paths' first projections run as ONE matmul of the shared normalised
-        input. Args: ``xn [U, b, t, C]`` (``LN(x_u)`` without affine), ``ln_weight``/``ln_bias``
-        ``[U, P, C]`` (Multi-Path eq. 5's per-path LN). Returns ``[U*P, b, t, C]`` (unit-major), equal
-        to ``forward(LN_p(x_u))``.
+        projection, and the P paths' first projections run as one batched matmul reading the
+        shared normalised input (a stride-0 batch: the P inputs are never materialised).
+
+        Args: ``xn [U, b, t, C]`` (``LN(x_u)`` without affine), ``ln_weight``/``ln_bias``
+        ``[U, P, C]`` (Multi-Path eq. 5's per-path LN). Returns ``[U*P, b, t, C]`` (unit-major),
+        equal to ``forward(LN_p(x_u))``.
         """
         units, n_paths, c = ln_weight.size(0), ln_weight.size(1), xn.size(-1)
         _, bsz, t, _ = xn.shape
+        groups = units * n_paths
         w1, b1 = self.w1[:units, :n_paths, :ffn_width, :c], self.b1[:units, :n_paths, :ffn_width]  # [U, P, F, C]
-        w1f = (w1 * ln_weight[:, :, None, :]).reshape(units, n_paths * ffn_width, c)
-        b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).reshape(units, n_paths * ffn_width)
-        hidden = self.dropout(F.relu(path_project(xn, w1f, b1f)))  # [U, b, t, P*F]
-        hidden = hidden.view(units, bsz * t, n_paths, ffn_width)
-        hidden = hidden[0].transpose(0, 1) if units == 1 else hidden.transpose(1, 2).reshape(units * n_paths, bsz * t, ffn_width)
+        w1f = (w1 * ln_weight[:, :, None, :]).flatten(0, 1)  # [G, F, C]
+        b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).flatten(0, 1)  # [G, F]
+        if torch.is_autocast_enabled(xn.device.type):  # cast once, before the paths share it
+            xn = xn.to(torch.get_autocast_dtype(xn.device.type))
+        shared = xn.reshape(units, 1, bsz * t, c).expand(units, n_paths, bsz * t, c)
+        # one unit: the P paths read the same memory (a stride-0 batch), nothing is copied
+        shared = shared[0] if units == 1 else shared.reshape(groups, bsz * t, c)
+        hidden = self.dropout(F.relu(torch.baddbmm(b1f[:, None, :], shared, w1f.transpose(1, 2))))  # [G, bt, F]
         w2 = self.w2[:units, :n_paths, :c, :ffn_width].flatten(0, 1)  # [G, C, F]
         b2 = self.b2[:units, :n_paths, :c].flatten(0, 1)  # [G, C]
-        return torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2)).view(units * n_paths, bsz, t, c)
+        return torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
 
 
 class PathFusion(nn.Module):

@@ -1,0 +1,619 @@
+"""ONNX export of an exported sub-Transformer, checked against PyTorch with onnxruntime.
+
+An ONNX folder is a complete ``nas export`` folder (``model.safetensors``, ``model.json``,
+``arch.json``, ``export.json``, ``spm.model``) plus:
+
+- ``encoder.onnx``: ``src [b, s]`` int64 -> ``memory [b, s, C]``, ``src_pad [b, s]`` bool and,
+  per decoder layer, the cross-attention keys/values ``cross.<layer>.<key>`` (computed once
+  per sentence, as the PyTorch cache's "cross" part);
+- ``decoder_step.onnx``: ``tokens [n, 1]`` (the newest token), ``memory``, ``src_pad``, the
+  ``cross.*`` tensors and the step state ``past.<layer>.<part>.<key>`` -> ``logits [n, V]``
+  (raw, before log-softmax) and the new state ``present.<layer>.<part>.<key>``. The step
+  (target position) is the past length: self-attention keys/values grow along their time
+  axis by one per step, so no separate step input can disagree with the cache;
+- ``onnx.json``: the manifest (inputs, outputs, cache layout, decoding constants);
+- ``translate_onnx.py``: greedy/beam translation with onnxruntime, numpy and sentencepiece only.
+
+Batch, source length and past length are dynamic axes. The graphs come from
+``torch.onnx.export(dynamo=True)`` (torch.export); the TorchScript exporter cannot take the
+layers' width-cropping ``x.size(-1)`` as a layer-norm shape. The exporter's own
+``scaled_dot_product_attention`` translation handles 4-D inputs only; the layers attend with
+5-D ``[G, b, heads, t, d]`` tensors, so a rank-generic translation (PyTorch's math
+attention) is registered here.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from nas.data import BOS_ID, EOS_ID, Tokenizer
+from nas.model.decode import beam_search
+from nas.model.io import atomic_write_text, load_model, save_model
+from nas.model.supernet import SuperTransformer, extract
+from nas.space.arch import Arch
+
+__all__ = ["export_onnx", "verify_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"]
+
+MANIFEST = "onnx.json"
+MIN_OPSET = 18
+"""The lowest ONNX opset the torch.export-based exporter writes."""
+_FORMAT_VERSION = 1
+_TORCH_FILES = ("model.safetensors", "model.json", "arch.json", "export.json", "spm.model")
+
+
+# ---------------------------------------------------------------------------
+# Cache layout
+# ---------------------------------------------------------------------------
+
+
+def _sample_src(model: SuperTransformer, batch: int, src_len: int, seed: int = 0) -> torch.Tensor:
+    """``[batch, src_len]`` random non-pad ids ending in EOS; row 0 ends in two PADs."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.vocab_size - 1, (batch, src_len), generator=g)
+    ids = ids + (ids >= model.pad_id).long()  # skip the pad id
+    ids[:, -1] = EOS_ID
+    ids[0, -2:] = model.pad_id
+    ids[0, -3] = EOS_ID
+    return ids
+
+
+@torch.no_grad()
+def _run_cache(model: SuperTransformer, arch: Arch, src: torch.Tensor, steps: int) -> list[list[dict]]:
+    """PyTorch greedy steps on ``src``; the cache after each step, as ``[step][layer] {part: {key: tensor}}``."""
+    memory, src_pad = model.encode(src, arch)
+    cache: list = [{} for _ in model.decoder]
+    tokens = torch.full((src.size(0), 1), BOS_ID, dtype=torch.long)
+    snapshots = []
+    for step in range(steps):
+        logits = model.decode_step(tokens, step, memory, src_pad, arch, cache)
+        tokens = logits.argmax(-1, keepdim=True)
+        snapshots.append([{p: dict(keys) for p, keys in layer.items()} for layer in cache])
+    return snapshots
+
+
+def _cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
+    """Discover each cached tensor's axes by running PyTorch at two batch sizes, two source
+    lengths and two steps: an axis is ``batch``, ``src_len``, ``past_len`` or a fixed size.
+
+    The "cross" part comes from the encoder graph; every other part ("self", "conv") is
+    step state, reordered every beam-search step (as ``SuperTransformer.reorder_cache``).
+
+    Raises:
+        RuntimeError: a cached tensor has no single batch axis, step state depends on the source
+            length, or no tensor has a time axis.
+    """
+    a = _run_cache(model, arch, _sample_src(model, 3, 7), 2)
+    b = _run_cache(model, arch, _sample_src(model, 2, 7), 1)[0]
+    c = _run_cache(model, arch, _sample_src(model, 3, 6), 1)[0]
+    entries = []
+    for layer, parts in enumerate(a[0]):
+        for part in sorted(parts):
+            for key in sorted(parts[part]):
+                shapes = [tuple(s[layer][part][key].shape) for s in (a[0], a[1], b, c)]
+                dims: list[int | str] = []
+                for axis, size in enumerate(shapes[0]):
+                    if shapes[2][axis] != size:
+                        dims.append("batch")
+                    elif shapes[3][axis] != size:
+                        dims.append("src_len")
+                    elif shapes[1][axis] != size:
+                        dims.append("past_len")
+                    else:
+                        dims.append(int(size))
+                if dims.count("batch") != 1:
+                    raise RuntimeError(f"cache {layer}.{part}.{key} {shapes[0]} has no single batch axis")
+                source = "encoder" if part == "cross" else "step"
+                if source == "step" and "src_len" in dims:
+                    raise RuntimeError(f"step state {layer}.{part}.{key} {shapes[0]} grows with the source length")
+                name = f"cross.{layer}.{key}" if source == "encoder" else f"{layer}.{part}.{key}"
+                entries.append(dict(
+                    layer=layer, part=part, key=key, source=source,
+                    input=name if source == "encoder" else f"past.{name}",
+                    output=name if source == "encoder" else f"present.{name}",
+                    shape=dims,  # as a step's input: "past_len" is 0 at the first step (all-zero state)
+                    batch_axis=dims.index("batch"),
+                    time_axis=dims.index("past_len") if "past_len" in dims else None,
+                    reorder="every_step" if source == "step" else "when_sentences_finish",
+                ))
+    if not any(e["time_axis"] is not None for e in entries):
+        raise RuntimeError("no cached tensor grows with the step; cannot tell the decoding position")
+    return entries
+
+
+# ---------------------------------------------------------------------------
+# The two graphs
+# ---------------------------------------------------------------------------
+
+
+def _cross_by_step(model: SuperTransformer, arch: Arch, memory: torch.Tensor, src_pad: torch.Tensor) -> list[dict]:
+    """Each decoder layer's cache after a first ``decode_step`` on a dummy token (public interface only)."""
+    cache: list = [{} for _ in model.decoder]
+    model.decode_step(torch.zeros_like(src_pad[:, :1], dtype=torch.long), 0, memory, src_pad, arch, cache)
+    return cache
+
+
+def _cross_direct(model: SuperTransformer, arch: Arch, memory: torch.Tensor, src_pad: torch.Tensor) -> list[dict]:
+    """Each decoder layer's cross-attention keys/values from its ``cross_attn`` module alone, called
+    as ``DecoderLayer.forward`` calls it (a dummy query per unit x path group). Traces about half
+    the ops of :func:`_cross_by_step`, so the encoder exports in half the time; it is used only
+    where it reproduces :func:`_cross_by_step` exactly (checked on the example batch)."""
+    cache = []
+    for layer, dims in zip(model.decoder, arch.decoder.layer_dims()):
+        groups = dims.units * (dims.paths if dims.layout == "sequential" else 1)
+        query = memory.new_zeros(groups, memory.size(0), 1, memory.size(-1))  # [G, b, 1, C]
+        part: dict = {}
+        layer.cross_attn(query, width=dims.width, branches=dims.branches, memory=memory, key_pad=src_pad,
+                         cache=part, units=dims.units)
+        cache.append({"cross": part})
+    return cache
+
+
+def _cross_fn(model: SuperTransformer, arch: Arch, cross: list[dict], src: torch.Tensor):
+    """:func:`_cross_direct` where it gives the same tensors as :func:`_cross_by_step`, else the latter."""
+    memory, src_pad = model.encode(src, arch)
+    reference = _cross_by_step(model, arch, memory, src_pad)
+    try:
+        direct = _cross_direct(model, arch, memory, src_pad)
+        same = all(torch.equal(direct[e["layer"]]["cross"][e["key"]], reference[e["layer"]]["cross"][e["key"]])
+                   for e in cross)
+    except (AttributeError, TypeError, KeyError, RuntimeError, ValueError):
+        same = False
+    return _cross_direct if same else _cross_by_step
+
+
+class _EncoderGraph(nn.Module):
+    """``src [b, s]`` -> ``memory [b, s, C]``, ``src_pad [b, s]``, then each ``cross.*`` tensor."""
+
+    def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], cross_fn) -> None:
+        super().__init__()
+        self.model, self.arch, self.cross, self.cross_fn = model, arch, cross, cross_fn
+
+    def forward(self, src: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        memory, src_pad = self.model.encode(src, self.arch)
+        cache = self.cross_fn(self.model, self.arch, memory, src_pad)
+        return (memory, src_pad, *[cache[e["layer"]][e["part"]][e["key"]] for e in self.cross])
+
+
+class _DecoderStepGraph(nn.Module):
+    """One ``decode_step`` at position ``past_len``: -> ``logits [n, V]``, then each ``present.*`` tensor."""
+
+    def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], state: list[dict]) -> None:
+        super().__init__()
+        self.model, self.arch, self.cross, self.state = model, arch, cross, state
+        self.clock = next(i for i, e in enumerate(state) if e["time_axis"] is not None)
+
+    def forward(self, tokens: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
+                cross: tuple[torch.Tensor, ...], past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        cache: list[dict] = [{} for _ in self.model.decoder]
+        for e, t in (*zip(self.cross, cross), *zip(self.state, past)):
+            cache[e["layer"]].setdefault(e["part"], {})[e["key"]] = t
+        step = past[self.clock].size(self.state[self.clock]["time_axis"])
+        logits = self.model.decode_step(tokens, step, memory, src_pad, self.arch, cache)
+        return (logits, *[cache[e["layer"]][e["part"]][e["key"]] for e in self.state])
+
+
+def _sdpa_translation(opset: int):
+    """A rank-generic ONNX translation of ``aten.scaled_dot_product_attention`` (inference only).
+
+    Same math as PyTorch's math backend: ``softmax((q sqrt(s)) (k sqrt(s))^T + mask) v`` with
+    ``s = 1/sqrt(d)``; a boolean mask is True where a key may be attended.
+    """
+    import onnx
+    from onnxscript import onnx_opset
+
+    op = getattr(onnx_opset, f"opset{opset}")
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+             scale: float | None = None, enable_gqa: bool = False):
+        if is_causal or enable_gqa:
+            raise NotImplementedError("ONNX export of causal or grouped-query attention is not needed for "
+                                      "incremental decoding and not implemented")
+        rank = len(query.shape)
+        factor = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+        root = op.CastLike(op.Constant(value_float=math.sqrt(factor)), query)
+        key_t = op.Transpose(op.Mul(key, root), perm=[*range(rank - 2), rank - 1, rank - 2])
+        scores = op.MatMul(op.Mul(query, root), key_t)  # [..., L, S]
+        if attn_mask is not None:
+            if attn_mask.dtype == onnx.TensorProto.BOOL:
+                scores = op.Where(attn_mask, scores, op.CastLike(op.Constant(value_float=-math.inf), query))
+            else:
+                scores = op.Add(scores, attn_mask)
+        return op.MatMul(op.Softmax(scores, axis=-1), value)
+
+    return sdpa
+
+
+def _export_graph(module: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
+                  output_names: list[str], path: Path, opset: int) -> None:
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
+    level = registry_log.level
+    registry_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*axis name.*will not be used")
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            program = torch.onnx.export(
+                module.eval(), args, dynamo=True, dynamic_shapes=dynamic_shapes, opset_version=opset,
+                input_names=input_names, output_names=output_names, external_data=False, verbose=False,
+                custom_translation_table={torch.ops.aten.scaled_dot_product_attention.default: _sdpa_translation(opset)},
+            )
+    finally:
+        registry_log.setLevel(level)
+    program.save(str(path))
+
+
+def _io(session: Any) -> dict[str, list[dict]]:
+    """Names, element types and symbolic shapes of an onnxruntime session's inputs and outputs."""
+    row = lambda v: {"name": v.name, "type": v.type, "shape": list(v.shape)}
+    return {"inputs": [row(v) for v in session.get_inputs()], "outputs": [row(v) for v in session.get_outputs()]}
+
+
+@torch.no_grad()
+def _write_graphs(model: SuperTransformer, arch: Arch, folder: Path, opset: int) -> dict[str, Any]:
+    from torch.export import Dim
+
+    entries = _cache_layout(model, arch)
+    cross = [e for e in entries if e["source"] == "encoder"]
+    state = [e for e in entries if e["source"] == "step"]
+    dims = {"batch": Dim("batch", min=1), "src_len": Dim("src_len", min=1, max=model.max_positions),
+            "past_len": Dim("past_len", min=0, max=model.max_positions - 1)}
+    axes = lambda shape: {i: dims[d] for i, d in enumerate(shape) if isinstance(d, str)}
+
+    # Example inputs: batch 3, source length 7, past length 2 (distinct, none 0 or 1).
+    src = _sample_src(model, 3, 7)
+    memory, src_pad = model.encode(src, arch)
+    snap = _run_cache(model, arch, src, 2)[-1]
+    tensor = lambda e: snap[e["layer"]][e["part"]][e["key"]]
+    encoder = _EncoderGraph(model, arch, cross, _cross_fn(model, arch, cross, src))
+    _export_graph(encoder, (src,), ({0: dims["batch"], 1: dims["src_len"]},), ["src"],
+                  ["memory", "src_pad", *[e["output"] for e in cross]], folder / "encoder.onnx", opset)
+    tokens = torch.full((3, 1), BOS_ID, dtype=torch.long)
+    _export_graph(
+        _DecoderStepGraph(model, arch, cross, state),
+        (tokens, memory, src_pad, tuple(tensor(e) for e in cross), tuple(tensor(e) for e in state)),
+        ({0: dims["batch"]}, {0: dims["batch"], 1: dims["src_len"]}, {0: dims["batch"], 1: dims["src_len"]},
+         tuple(axes(e["shape"]) for e in cross), tuple(axes(e["shape"]) for e in state)),
+        ["tokens", "memory", "src_pad", *[e["input"] for e in cross], *[e["input"] for e in state]],
+        ["logits", *[e["output"] for e in state]], folder / "decoder_step.onnx", opset)
+    return {"cache": entries}
+
+
+def _manifest(model: SuperTransformer, arch: Arch, folder: Path, opset: int, beam_size: int,
+              cache: list[dict]) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    defaults = {n: p.default for n, p in inspect.signature(beam_search).parameters.items()
+                if n in ("len_penalty", "max_len_a", "max_len_b")}
+    graphs = {}
+    for name in ("encoder", "decoder_step"):
+        session = ort.InferenceSession(str(folder / f"{name}.onnx"), providers=["CPUExecutionProvider"])
+        graphs[name] = {"file": f"{name}.onnx", **_io(session)}
+    return {
+        "format_version": _FORMAT_VERSION, "opset": opset, "torch_version": torch.__version__,
+        "arch": arch.to_dict(), "arch_summary": arch.summary(),
+        "vocab_size": model.vocab_size, "pad_id": model.pad_id, "bos_id": BOS_ID, "eos_id": EOS_ID,
+        "max_positions": model.max_positions, "max_src_tokens": model.max_positions // 2,
+        "beam_size": beam_size, **defaults, "spm_model": "spm.model", "logits": "raw (apply log-softmax)",
+        **graphs, "cache": cache,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def export_onnx(source: str | Path | SuperTransformer, out_dir: str | Path, *, spm_model: str | Path | None = None,
+                arch: Arch | None = None, beam_size: int | None = None, opset: int = MIN_OPSET) -> Path:
+    """Write an ONNX folder (see the module docstring) for an exported sub-Transformer.
+
+    The folder is assembled under a temporary name and renamed into place, so an
+    interrupted export never leaves a half-written folder; an existing ``out_dir`` is
+    replaced (``out_dir`` may be ``source`` itself: the export then gains the ONNX files).
+
+    Args:
+        source: a folder written by ``nas export`` (``nas.export.export_arch``), or a model
+            (an extracted sub-Transformer, or a supernet together with ``arch``).
+        out_dir: the folder to write.
+        spm_model: the SentencePiece model; required with a model ``source``.
+        arch: the sub-Transformer to export (a model ``source`` is cropped to it with ``extract``);
+            default the folder's ``arch.json``, or the model's widest.
+        beam_size: the default beam size of ``translate_onnx.py``; default the folder's, else 4.
+        opset: the ONNX opset (>= 18).
+    Returns:
+        ``out_dir``.
+    Raises:
+        FileNotFoundError: a file of the export, or ``spm_model``, is missing (names it).
+        ValueError: ``opset`` below 18, a model ``source`` without ``spm_model``, or ``arch`` beyond
+            the model (names the choice).
+    """
+    if opset < MIN_OPSET:
+        raise ValueError(f"opset={opset} is below {MIN_OPSET}, the lowest the torch.export-based ONNX exporter writes")
+    out = Path(out_dir).resolve()
+    tmp = out.with_name(f".{out.name}.onnx-tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        model, arch, beam_size = _stage_source(source, tmp, spm_model, arch, beam_size)
+        was_training = model.training
+        model.eval()
+        try:
+            cache = _write_graphs(model, arch, tmp, opset)["cache"]
+        finally:
+            model.train(was_training)
+        manifest = _manifest(model, arch, tmp, opset, beam_size, cache)
+        atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))
+        atomic_write_text(tmp / "translate_onnx.py", TRANSLATE_SCRIPT)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def _stage_source(source: str | Path | SuperTransformer, tmp: Path, spm_model: str | Path | None,
+                  arch: Arch | None, beam_size: int | None) -> tuple[SuperTransformer, Arch, int]:
+    """Write the PyTorch export files into ``tmp``; return the model, arch and beam size."""
+    provenance: dict[str, Any] = {}
+    if not isinstance(source, SuperTransformer):
+        folder = Path(source)
+        for name in _TORCH_FILES:
+            if not (folder / name).is_file():
+                raise FileNotFoundError(f"{folder / name} not found; export_onnx needs a folder written by `nas export`")
+        provenance = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+        arch = arch or Arch.from_dict(json.loads((folder / "arch.json").read_text(encoding="utf-8")))
+        spm_model = spm_model or folder / "spm.model"
+        source = load_model(folder, "model")
+    elif spm_model is None:
+        raise ValueError("export_onnx(model, ...) needs spm_model=, the SentencePiece model to ship")
+    spm_model = Path(spm_model)
+    if not spm_model.is_file():
+        raise FileNotFoundError(f"SentencePiece model not found: {spm_model}")
+    if arch is None:
+        arch = source.full_arch
+    else:  # ship only the sub-Transformer's weights
+        source = extract(source, arch)
+    beam_size = beam_size or int(provenance.get("beam_size", 4))
+    save_model(source, tmp, "model")
+    shutil.copyfile(spm_model, tmp / "spm.model")
+    atomic_write_text(tmp / "arch.json", json.dumps(arch.to_dict(), indent=2))
+    atomic_write_text(tmp / "export.json", json.dumps({**provenance, "beam_size": beam_size}, indent=2))
+    return source, arch, beam_size
+
+
+def _encode_batch(tokenizer: Tokenizer, sentences: list[str], max_src_tokens: int, pad_id: int) -> torch.Tensor:
+    """Source ids ``[b, s]`` as ``nas.evaluate.translate`` builds them: truncated, EOS, PAD-padded."""
+    ids = [x[: max_src_tokens - 1] + [EOS_ID] for x in tokenizer.encode(sentences)]
+    src = torch.full((len(ids), max(map(len, ids))), pad_id, dtype=torch.long)
+    for row, x in enumerate(ids):
+        src[row, : len(x)] = torch.tensor(x)
+    return src
+
+
+@torch.no_grad()
+def verify_onnx(out_dir: str | Path, sentences: list[str], *, steps: int = 8, threads: int = 1) -> float:
+    """Max absolute difference of the next-token logits between PyTorch and onnxruntime.
+
+    Encodes ``sentences`` as one padded batch with both, then runs ``steps`` decoding steps
+    fed with PyTorch's greedy tokens; each side keeps its own cache (onnxruntime starts
+    from zero state with past length 0, as ``translate_onnx.py`` does).
+
+    Raises:
+        FileNotFoundError: ``out_dir`` is not an ONNX folder (names the missing file).
+        ValueError: no sentences, or ``steps < 1``.
+    """
+    import onnxruntime as ort
+
+    if not sentences or steps < 1:
+        raise ValueError(f"verify_onnx needs sentences and steps >= 1 (got {len(sentences)} sentences, steps={steps})")
+    folder = Path(out_dir)
+    if not (folder / MANIFEST).is_file():
+        raise FileNotFoundError(f"{folder / MANIFEST} not found; write the folder with export_onnx")
+    meta = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    model = load_model(folder, "model")
+    arch = Arch.from_dict(meta["arch"])
+    src = _encode_batch(Tokenizer(folder / meta["spm_model"]), sentences, meta["max_src_tokens"], meta["pad_id"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    session = lambda name: ort.InferenceSession(str(folder / meta[name]["file"]), opts, providers=["CPUExecutionProvider"])
+    encoder, decoder = session("encoder"), session("decoder_step")
+    enc_names = [o["name"] for o in meta["encoder"]["outputs"]]
+    enc = dict(zip(enc_names, encoder.run(enc_names, {"src": src.numpy()})))
+    memory, src_pad = model.encode(src, arch)
+    diff = float(np.abs(enc["memory"] - memory.numpy()).max())
+    state_entries = [e for e in meta["cache"] if e["source"] == "step"]
+    n = src.size(0)
+    state = {e["input"]: np.zeros([n if d == "batch" else 0 if d == "past_len" else d for d in e["shape"]], np.float32)
+             for e in state_entries}
+    cross = {e["input"]: enc[e["output"]] for e in meta["cache"] if e["source"] == "encoder"}
+    cache: list = [{} for _ in model.decoder]
+    tokens = torch.full((n, 1), meta["bos_id"], dtype=torch.long)
+    outputs = ["logits", *[e["output"] for e in state_entries]]
+    for step in range(steps):
+        logits = model.decode_step(tokens, step, memory, src_pad, arch, cache)
+        feeds = {"tokens": tokens.numpy(), "memory": enc["memory"], "src_pad": enc["src_pad"], **cross, **state}
+        got = decoder.run(outputs, feeds)
+        diff = max(diff, float(np.abs(got[0] - logits.numpy()).max()))
+        state = {e["input"]: t for e, t in zip(state_entries, got[1:])}
+        tokens = logits.argmax(-1, keepdim=True)
+    return diff
+
+
+# ---------------------------------------------------------------------------
+# The standalone translation script (written into every ONNX folder)
+# ---------------------------------------------------------------------------
+
+TRANSLATE_SCRIPT = r'''#!/usr/bin/env python3
+"""Translate with the ONNX export in this folder, using only onnxruntime, numpy and sentencepiece.
+
+    python translate_onnx.py [--beam N] [--batch-size N] [--threads N] < source.txt > translations.txt
+
+Written by nas.onnx_export. The search is a port of nas.model.decode.beam_search (fairseq's
+rules: hypotheses ranked by sum log p / len**len_penalty, EOS forced at max_len_a * src_len
++ max_len_b); --beam 1 is greedy decoding. Sentences are batched by length as nas translates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import sentencepiece as spm
+
+HERE = Path(__file__).resolve().parent
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float32) - x.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def topk(x: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the k largest entries of each row of x [r, m], best first."""
+    idx = np.argpartition(-x, k - 1, axis=1)[:, :k] if k < x.shape[1] else np.tile(np.arange(x.shape[1]), (len(x), 1))
+    vals = np.take_along_axis(x, idx, 1)
+    return np.take_along_axis(idx, np.lexsort((idx, -vals), axis=1), 1)
+
+
+class OnnxTranslator:
+    """encoder.onnx + decoder_step.onnx + spm.model, described by onnx.json."""
+
+    def __init__(self, directory: str | Path = HERE, threads: int = 0) -> None:
+        directory = Path(directory)
+        self.meta = m = json.loads((directory / "onnx.json").read_text(encoding="utf-8"))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        session = lambda name: ort.InferenceSession(str(directory / m[name]["file"]), opts,
+                                                    providers=["CPUExecutionProvider"])
+        self.encoder, self.decoder = session("encoder"), session("decoder_step")
+        self.sp = spm.SentencePieceProcessor(model_file=str(directory / m["spm_model"]))
+        self.cross = [e for e in m["cache"] if e["source"] == "encoder"]
+        self.state = [e for e in m["cache"] if e["source"] == "step"]
+        self.enc_outputs = [o["name"] for o in m["encoder"]["outputs"]]
+        self.dec_outputs = ["logits", *[e["output"] for e in self.state]]
+
+    def encode(self, src: np.ndarray):
+        """src [b, s] int64 -> memory [b, s, C], src_pad [b, s], {cross name: tensor}."""
+        out = dict(zip(self.enc_outputs, self.encoder.run(self.enc_outputs, {"src": src})))
+        return out["memory"], out["src_pad"], {e["input"]: out[e["output"]] for e in self.cross}
+
+    def initial_state(self, n: int) -> dict:
+        """Zero step state for n rows (past length 0)."""
+        shape = lambda e: [n if d == "batch" else 0 if d == "past_len" else d for d in e["shape"]]
+        return {e["input"]: np.zeros(shape(e), np.float32) for e in self.state}
+
+    def step(self, tokens, memory, src_pad, cross, state):
+        """tokens [n, 1] -> logits [n, V] and the new state."""
+        out = self.decoder.run(self.dec_outputs, {"tokens": tokens, "memory": memory, "src_pad": src_pad,
+                                                  **cross, **state})
+        return out[0], {e["input"]: t for e, t in zip(self.state, out[1:])}
+
+    def beam_search(self, src: np.ndarray, beam_size: int) -> list[list[int]]:
+        """Best hypothesis per sentence of src [b, s] (ids without BOS/EOS)."""
+        m, k = self.meta, beam_size
+        bos, eos, vocab = m["bos_id"], m["eos_id"], m["vocab_size"]
+        bsz = src.shape[0]
+        memory, src_pad, cross = self.encode(src)
+        src_len = (~src_pad).sum(1)
+        max_len = np.minimum((src_len.astype(np.float32) * np.float32(m["max_len_a"]) + np.float32(m["max_len_b"]))
+                             .astype(np.int64), m["max_positions"] - 1)
+        rows = np.repeat(np.arange(bsz), k)  # beam row -> sentence
+        memory, src_pad = memory[rows], src_pad[rows]
+        cross = {e["input"]: np.take(cross[e["input"]], rows, axis=e["batch_axis"]) for e in self.cross}
+        state = self.initial_state(bsz * k)
+        tokens = np.full((bsz * k, 1), bos, dtype=np.int64)
+        scores = np.zeros((bsz, k), np.float32)
+        scores[:, 1:] = -np.inf  # the first step expands beam 0 only
+        active = np.arange(bsz)
+        finished: list[list] = [[] for _ in range(bsz)]
+        step = 0
+        while active.size > 0:
+            n_act = active.size
+            logits, state = self.step(tokens[:, -1:], memory, src_pad, cross, state)
+            lprobs = log_softmax(logits).reshape(n_act, k, vocab)
+            at_limit = (step + 1) >= max_len[active]
+            if at_limit.any():
+                forced = np.full_like(lprobs[at_limit], -np.inf)
+                forced[..., eos] = lprobs[at_limit][..., eos]
+                lprobs[at_limit] = forced
+            cand = (scores[:, :, None] + lprobs).reshape(n_act, k * vocab)
+            top_idx = topk(cand, 2 * k)
+            top_scores = np.take_along_axis(cand, top_idx, 1)
+            top_beam, top_tok = top_idx // vocab, top_idx % vocab
+            is_eos = (top_tok == eos) & np.isfinite(top_scores)
+            norm = float(step + 1) ** m["len_penalty"]
+            for i, j in np.argwhere(is_eos[:, :k]):
+                sid = int(active[i])
+                if len(finished[sid]) < k:
+                    hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist()
+                    finished[sid].append((float(top_scores[i, j]) / norm, hyp))
+            cont = np.where(is_eos, -np.inf, top_scores).astype(np.float32)
+            pick = topk(cont, k)
+            cont_scores = np.take_along_axis(cont, pick, 1)
+            next_beam, next_tok = np.take_along_axis(top_beam, pick, 1), np.take_along_axis(top_tok, pick, 1)
+            done = np.array([len(finished[int(s)]) >= k for s in active]) | at_limit
+            keep = np.flatnonzero(~done)
+            src_rows = (keep[:, None] * k + next_beam[keep]).reshape(-1)
+            tokens = np.concatenate([tokens[src_rows], next_tok[keep].reshape(-1, 1)], 1)
+            scores = cont_scores[keep]
+            state = {e["input"]: np.take(state[e["input"]], src_rows, axis=e["batch_axis"]) for e in self.state}
+            if keep.size < n_act:
+                sent_rows = (keep[:, None] * k + np.arange(k)).reshape(-1)
+                cross = {e["input"]: np.take(cross[e["input"]], sent_rows, axis=e["batch_axis"]) for e in self.cross}
+                memory, src_pad = memory[sent_rows], src_pad[sent_rows]
+            active = active[keep]
+            step += 1
+        return [max(hyps, key=lambda h: h[0])[1] for hyps in finished]
+
+    def translate(self, sentences: list[str], beam_size: int | None = None, batch_size: int = 64) -> list[str]:
+        """Detokenized translations in input order."""
+        m = self.meta
+        eos, pad = m["eos_id"], m["pad_id"]
+        ids = [x[: m["max_src_tokens"] - 1] + [eos] for x in self.sp.encode(list(sentences), out_type=int)]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[list[int]] = [[] for _ in ids]
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src = np.full((len(chunk), max(len(ids[i]) for i in chunk)), pad, dtype=np.int64)
+            for row, i in enumerate(chunk):
+                src[row, : len(ids[i])] = ids[i]
+            for i, hyp in zip(chunk, self.beam_search(src, beam_size or m["beam_size"])):
+                out[i] = hyp
+        strip = lambda h: [t for t in (h[: h.index(eos)] if eos in h else h) if t not in (pad, m["bos_id"])]
+        return [self.sp.decode(strip(h)) for h in out]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Translate stdin (one sentence a line) to stdout.")
+    parser.add_argument("--beam", type=int, default=None, help="beam size (default: the export's; 1 = greedy)")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--threads", type=int, default=0, help="onnxruntime intra-op threads (0: all cores)")
+    parser.add_argument("--dir", type=Path, default=HERE, help="the ONNX folder (default: this script's)")
+    args = parser.parse_args(argv)
+    if args.beam is not None and args.beam < 1:
+        parser.error(f"--beam {args.beam} must be >= 1")
+    lines = [line.strip() for line in sys.stdin]
+    for hyp in OnnxTranslator(args.dir, args.threads).translate(lines, args.beam, args.batch_size):
+        sys.stdout.write(hyp + "\n")
+
+
+if __name__ == "__main__":
+    main()
+'''

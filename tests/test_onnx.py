@@ -1,0 +1,154 @@
+"""ONNX export: onnxruntime's logits and translations equal PyTorch's, with no torch at translation time."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nas.data import Tokenizer, read_lines
+from nas.evaluate import translate
+from nas.export import export_arch, load_export
+from nas.model import SuperTransformer
+from nas.model.io import save_model
+from nas.onnx_export import MANIFEST, export_onnx, verify_onnx
+from nas.space.arch import Arch, StackArch
+
+PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
+# (b) branches, paths and units in both stacks; (c) a decoder Prime layer with kernels (causal conv cache).
+MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), ("sequential", "independent")),
+             StackArch((32, 16), (64, 32), (2, 2), (2, 1), ("sequential", "prime"), ((), (3, 5)), (2, 1),
+                       (), ("sequential", "independent")))
+MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
+                    StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
+                              (2, 2)))
+
+# Runs the folder's script in a fresh interpreter; fails if torch or nas got imported.
+_RUN_SCRIPT = """
+import json, runpy, sys
+t = runpy.run_path("translate_onnx.py")["OnnxTranslator"](".", threads=1)
+src = json.loads(sys.stdin.read())
+out = {"greedy": t.translate(src, beam_size=1), "beam3": t.translate(src, beam_size=3, batch_size=2)}
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "nas"))
+assert not leaked, leaked
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """Tiny tensors: one intra-op thread is faster, and not slowed 30x by a busy machine's other processes."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _varied(model: SuperTransformer) -> SuperTransformer:
+    """Add N(0, 0.3) noise to every weight: a fresh model's greedy output repeats one token,
+    which would hide a misplaced cache row; this one varies with position and source."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(multi30k, tmp_path_factory) -> Tokenizer:
+    lines = read_lines(multi30k / "train.en.gz", limit=300) + read_lines(multi30k / "train.de.gz", limit=300)
+    return Tokenizer.train(lines, tmp_path_factory.mktemp("spm") / "spm", vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def sentences(multi30k) -> list[str]:
+    return read_lines(multi30k / "test_2016_flickr.en.gz", limit=5)
+
+
+@pytest.fixture(scope="module")
+def exports(tokenizer, tmp_path_factory) -> dict:
+    """Two ONNX folders: PLAIN from a `nas export` folder (written in place), MIXED from a model."""
+    root = tmp_path_factory.mktemp("onnx")
+    torch.manual_seed(0)
+    supernet = _varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64))
+    save_model(supernet, root / "sn", "supernet")
+    plain = export_arch(root / "sn", tokenizer.model_path, PLAIN, root / "plain", beam_size=2,
+                        provenance={"run_id": "abc"})
+    export_onnx(plain, plain)
+    torch.manual_seed(1)
+    mixed = _varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64))
+    export_onnx(mixed, root / "mixed", spm_model=tokenizer.model_path, arch=MIXED)  # extracts MIXED
+    return {"plain": plain, "mixed": root / "mixed"}
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed"])
+def test_onnxruntime_logits_match_pytorch(exports, sentences, name):
+    assert verify_onnx(exports[name], sentences, steps=6) <= 1e-4
+    assert verify_onnx(exports[name], sentences[:1], steps=3) <= 1e-4  # batch 1
+
+
+def test_manifest_names_the_cache_layout_with_the_causal_conv_window(exports):
+    meta = json.loads((exports["mixed"] / MANIFEST).read_text())
+    parts = {(e["layer"], e["part"]) for e in meta["cache"]}
+    assert parts == {(0, "self"), (0, "cross"), (1, "self"), (1, "cross"), (1, "conv")}
+    conv = next(e for e in meta["cache"] if e["part"] == "conv")
+    assert conv["shape"] == [1, "batch", 4, 16] and conv["time_axis"] is None  # K-1 = 4 values of width 16
+    self_k = next(e for e in meta["cache"] if e["input"] == "past.0.self.k")
+    assert self_k["shape"][self_k["batch_axis"]] == "batch" and self_k["shape"][self_k["time_axis"]] == "past_len"
+    inputs = [i["name"] for i in meta["decoder_step"]["inputs"]]
+    assert inputs[:3] == ["tokens", "memory", "src_pad"] and "cross.1.ck" in inputs and "past.1.conv.v" in inputs
+    assert [o["name"] for o in meta["encoder"]["outputs"]][:2] == ["memory", "src_pad"]
+    assert load_export(exports["mixed"]).model.max_arch == MIXED  # the supernet was cropped to the arch
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed"])
+def test_standalone_script_translates_like_pytorch_without_torch(exports, sentences, name):
+    folder = exports[name]
+    run = subprocess.run([sys.executable, "-c", _RUN_SCRIPT], cwd=folder, input=json.dumps(sentences),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout)
+    assert len(set(got["greedy"])) > 1 and got["greedy"] != got["beam3"]  # not one degenerate output
+    exported = load_export(folder)
+    assert got["greedy"] == translate(exported.model, exported.tokenizer, sentences, exported.arch, beam_size=1)
+    assert got["beam3"] == translate(exported.model, exported.tokenizer, sentences, exported.arch, beam_size=3,
+                                     batch_size=2)
+    cli = subprocess.run([sys.executable, "translate_onnx.py", "--beam", "1", "--threads", "1"], cwd=folder,
+                         input="\n".join(sentences) + "\n", capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert cli.stdout.split("\n")[:-1] == got["greedy"]
+
+
+def test_in_place_export_stays_a_nas_export_folder(exports):
+    names = sorted(p.name for p in exports["plain"].iterdir())
+    assert names == ["arch.json", "decoder_step.onnx", "encoder.onnx", "export.json", "model.json",
+                     "model.safetensors", MANIFEST, "spm.model", "translate_onnx.py"]
+    assert load_export(exports["plain"]).beam_size == 2
+    assert json.loads((exports["plain"] / "export.json").read_text())["run_id"] == "abc"
+    assert json.loads((exports["plain"] / MANIFEST).read_text())["beam_size"] == 2
+
+
+def test_a_failed_export_leaves_no_folder(tokenizer, tmp_path, monkeypatch):
+    import nas.onnx_export as onnx_export
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter crashed")
+
+    monkeypatch.setattr(onnx_export, "_write_graphs", broken)
+    model = SuperTransformer(tokenizer.vocab_size, 16, 2, Arch(StackArch((16,), (32,)), StackArch((16,), (32,))))
+    with pytest.raises(RuntimeError, match="exporter crashed"):
+        export_onnx(model, tmp_path / "out", spm_model=tokenizer.model_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_inputs_are_named(tokenizer, tmp_path):
+    model = SuperTransformer(tokenizer.vocab_size, 16, 2, Arch(StackArch((16,), (32,)), StackArch((16,), (32,))))
+    with pytest.raises(ValueError, match="opset=17"):
+        export_onnx(model, tmp_path / "out", spm_model=tokenizer.model_path, opset=17)
+    with pytest.raises(ValueError, match="spm_model"):
+        export_onnx(model, tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match="export.json|model.safetensors"):
+        export_onnx(tmp_path, tmp_path / "out")
+    with pytest.raises(FileNotFoundError, match=MANIFEST):
+        verify_onnx(tmp_path, ["a"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
