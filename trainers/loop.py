@@ -1,9 +1,13 @@
-"""Supernet training with the sandwich rule, resumable from atomic checkpoints.
+"""Supernet training with the sandwich rule in stages, resumable from atomic checkpoints.
 
 Each step trains the widest sub-Transformer, the narrowest and ``k`` random ones on the
-same batch and sums their gradients (the sandwich rule of slimmable networks, as used by
-Scalable Transformers' joint stage, sec. 3.3), with label-smoothed cross-entropy, Adam
-with inverse-square-root warm-up and gradient clipping. A checkpoint (model, optimizer,
+same batch and sums their gradients (the sandwich rule of slimmable networks), with Adam
+with inverse-square-root warm-up and gradient clipping. ``train.stages`` runs Scalable
+Transformers' stages in order (sec. 3.3, :mod:`trainers.distill`): ``joint`` (eq. 4: all learn
+from the ground truth, label-smoothed) then ``word_distill`` (the sub-Transformers also learn
+from the widest's word distribution, weighted by the eq. 5 schedule); the stage and the step
+within it follow from the global step. ``train.width_dropout`` sets the dropout rate per
+sub-Transformer width (sec. 4.1). A checkpoint (model, optimizer,
 scheduler, RNG states, data position) is written every ``checkpoint_every`` steps through a
 temporary file and ``os.replace``; rerunning resumes from it. Beside each checkpoint a
 model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is written and the newest
@@ -31,9 +35,11 @@ from nas.data import PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import SuperTransformer
+from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
+from trainers.distill import check_width_dropout, dropout_rate, stage_at, width_dropout_rate, word_distill_loss
 from trainers.proximal import load_proximal_source, proximal_initialize
 from nas.model.losses import label_smoothed_nll
 
@@ -99,9 +105,20 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         out_dir: folder for ``checkpoint.pt``, the final ``supernet.*`` files and the
             ``snapshots/`` (the newest ``train.keep_last``, one per checkpoint); a finished
             run found there is not trained again.
-        report: called with metrics every ``log_every`` steps and once at the end
-            (``ray.tune.report`` inside a trial, MLflow logging standalone).
+        report: called with metrics every ``log_every`` steps, at the end of each stage and once at
+            the end (``ray.tune.report`` inside a trial, MLflow logging standalone). Besides
+            ``train_loss`` (the widest's), ``lr``, ``tokens_per_s`` and ``grad_norm``: ``stage`` (the
+            paper's number: 1 joint, 2 word_distill), ``loss_widest``, ``loss_narrowest``,
+            ``loss_sampled`` (mean of the ``sandwich_k`` random ones; absent when k = 0), each the
+            label-smoothed cross-entropy against the ground truth per target token averaged over
+            the interval, and in word_distill stages ``lambda_2`` and ``loss_distill`` (the
+            sub-Transformers' cross-entropy against the widest's distribution per token).
         progress: show a progress bar (default: when stderr is a terminal).
+
+    Raises:
+        ValueError: ``out_dir`` holds another configuration's supernet; ``train.width_dropout`` lacks a
+            model width of the space.
+        FloatingPointError: a non-finite gradient norm.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -110,13 +127,15 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     if tr.threads:
         torch.set_num_threads(tr.threads)
     space = SearchSpace.from_spec(spec)
+    check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
+    plan = tr.stage_plan
     model = build_supernet(spec, data.vocab_size)
     optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=tr.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(tr.warmup_steps))
     src, tgt = data.load_split("train")
     batcher = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
     rng = random.Random(tr.seed)
-    state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}}
+    state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}, "stage": plan[0].name}
     ckpt_path = out_dir / CHECKPOINT
     fingerprint = supernet_fingerprint(spec, data)
     check_fingerprint(out_dir, fingerprint)
@@ -147,41 +166,37 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
     show = sys.stderr.isatty() if progress is None else progress
     model.train()
-    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "t0": time.perf_counter(), "steps": 0}
+    window = _new_window()
     with _progress(show) as bar:
         task = bar.add_task("train", total=tr.steps, completed=state["step"], info="")
         while state["step"] < tr.steps:
             for batch in batcher.batches(state["epoch"], start=state["position"]):
+                at = stage_at(plan, state["step"])
                 archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
                 optimizer.zero_grad(set_to_none=True)
-                for i, arch in enumerate(archs):
-                    with autocast:
-                        logits = model(batch.src, batch.tgt_in, arch)
-                    loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
-                    objective = loss / batch.ntokens
-                    if i == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k, once per step
-                        objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
-                    objective.backward()
-                    if i == 0:
-                        window["loss"] += float(loss.detach()) / batch.ntokens
-                        window["nll"] += float(nll.detach()) / batch.ntokens
+                losses = _sandwich_step(model, batch, archs, at.lambda_2, spec, autocast)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
                 optimizer.step()
                 model.renormalize_autoshuffle_()  # MUTE eq. 17-18
                 scheduler.step()
                 state["step"] += 1
                 state["position"] += 1
-                window["tokens"] += batch.ntokens
-                window["steps"] += 1
+                state["stage"] = at.stage.name
+                _accumulate(window, losses, batch.ntokens)
                 if not math.isfinite(grad_norm):
                     raise FloatingPointError(f"non-finite gradient norm at step {state['step']}; lower train.lr")
-                if state["step"] % tr.log_every == 0 or state["step"] == tr.steps:
-                    metrics = _window_metrics(window, optimizer, grad_norm)
+                if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
+                    students = len(archs) - 1 if at.lambda_2 is not None else 0
+                    metrics = {**_window_metrics(window, optimizer, grad_norm, sampled=tr.sandwich_k,
+                                                 distilled=students), "stage": at.number}
+                    if at.lambda_2 is not None:
+                        metrics["lambda_2"] = at.lambda_2
                     state["elapsed_s"] += metrics.pop("window_s")
                     bar.update(task, completed=state["step"],
-                               info=f"loss {metrics['train_loss']:.3f} | {metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
+                               info=f"{at.stage.name} | loss {metrics['train_loss']:.3f} | "
+                                    f"{metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
                     if not show:
-                        print(f"step {state['step']}/{tr.steps} loss {metrics['train_loss']:.3f} "
+                        print(f"step {state['step']}/{tr.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
                               f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
                     if report:
                         report({**metrics, "step": state["step"]})
@@ -231,13 +246,70 @@ def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def _window_metrics(window: dict[str, float], optimizer: torch.optim.Optimizer, grad_norm: float) -> dict[str, float]:
+def _sandwich_step(model: SuperTransformer, batch, archs: list[Arch], lambda_2: float | None, spec: SweepSpec,
+                   autocast) -> dict[str, float]:
+    """Forward and backward of one step's sub-Transformers (``archs[0]`` the widest, ``archs[1]`` the
+    narrowest, then the sampled ones); gradients accumulate in ``model``, the caller steps.
+
+    ``lambda_2`` None: stage 1, every sub-Transformer on the ground truth (eq. 4). Otherwise stage 2
+    (sec. 3.3, L_2): the widest on the ground truth, each other one on
+    ``lambda_2 * ground truth + (1 - lambda_2) * the widest's distribution``, the widest's logits of
+    this step being computed once and reused, detached. Returns per-token losses summed over
+    the step (``nll`` and ``widest`` of the widest; ``narrowest``; ``sampled`` and ``distill`` summed
+    over the sub-Transformers they cover), all label-smoothed cross-entropy against the ground truth
+    except ``distill``.
+    """
+    tr = spec.train
+    teacher = None
+    out = {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0}
+    for i, arch in enumerate(archs):
+        rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
+        with autocast, dropout_rate(model, rate):  # sec. 4.1: the rate of this sub-Transformer's width
+            logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+        if i == 0 or lambda_2 is None:
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+            objective = loss / batch.ntokens
+        else:
+            objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lambda_2, tr.label_smoothing)
+            objective = objective / batch.ntokens
+            out["distill"] += float(soft.detach()) / batch.ntokens
+        if i == 0:
+            teacher = logits.detach() if lambda_2 is not None else None
+            out["nll"] = float(nll.detach()) / batch.ntokens
+            if tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k, once per step
+                objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
+        objective.backward()
+        out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / batch.ntokens
+    return out
+
+
+def _new_window() -> dict[str, float]:
+    return {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0, "tokens": 0,
+            "steps": 0, "t0": time.perf_counter()}
+
+
+def _accumulate(window: dict[str, float], losses: dict[str, float], ntokens: int) -> None:
+    """Add one step's losses (:func:`_sandwich_step`) to the logging window."""
+    for key in ("widest", "nll", "narrowest", "sampled", "distill"):
+        window[key] += losses[key]
+    window["tokens"] += ntokens
+    window["steps"] += 1
+
+
+def _window_metrics(window: dict[str, float], optimizer: torch.optim.Optimizer, grad_norm: float,
+                    *, sampled: int, distilled: int) -> dict[str, float]:
+    """Per-step means over the window; ``sampled``/``distilled``: sub-Transformers per step behind those sums."""
     seconds = time.perf_counter() - window["t0"]
     n = max(window["steps"], 1)
-    metrics = {"train_loss": window["loss"] / n, "train_nll": window["nll"] / n,
+    metrics = {"train_loss": window["widest"] / n, "train_nll": window["nll"] / n,
+               "loss_widest": window["widest"] / n, "loss_narrowest": window["narrowest"] / n,
                "tokens_per_s": window["tokens"] / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"],
                "grad_norm": grad_norm, "window_s": seconds}
-    window.update(loss=0.0, nll=0.0, tokens=0, steps=0, t0=time.perf_counter())
+    if sampled:
+        metrics["loss_sampled"] = window["sampled"] / (n * sampled)
+    if distilled:
+        metrics["loss_distill"] = window["distill"] / (n * distilled)
+    window.update(_new_window())
     return metrics
 
 

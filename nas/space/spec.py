@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 
@@ -135,9 +135,55 @@ class SpaceSpec(_Strict):
     """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, AutoShuffle) unit combination."""
 
 
+class JointStage(_Strict):
+    """Stage 1 of Scalable Transformers (sec. 3.3, eq. 4): the widest, the narrowest and ``sandwich_k``
+    random sub-Transformers all learn from the ground truth."""
+    name: Literal["joint"]
+    steps: int = Field(..., ge=1)
+    """Optimizer steps of this stage."""
+
+
+class WordDistillStage(_Strict):
+    """Stage 2 of Scalable Transformers (sec. 3.3, the L_2 loss annealed by eq. 5): the widest learns from
+    the ground truth; every other sub-Transformer from ``lambda_2 * ground truth + (1 - lambda_2) * the
+    widest's word distribution`` of the same step."""
+    name: Literal["word_distill"]
+    steps: int = Field(..., ge=1)
+    """Optimizer steps of this stage."""
+    lambda_start: float = Field(1.0, ge=0.0, le=1.0)
+    """lambda_2 at the stage's first step (eq. 5: 1)."""
+    lambda_end: float = Field(0.5, ge=0.0, le=1.0)
+    """lambda_2 from step ``lambda_steps`` of the stage on (eq. 5: 0.5)."""
+    lambda_steps: int | None = Field(None, ge=0)
+    """t_j of eq. 5: steps (counted from the stage's start) over which lambda_2 goes linearly from
+    ``lambda_start`` to ``lambda_end``; default: the stage's ``steps``; 0: ``lambda_end`` throughout."""
+
+    @model_validator(mode="after")
+    def _check_lambda_steps(self) -> "WordDistillStage":
+        if self.lambda_steps is not None and self.lambda_steps > self.steps:
+            raise ValueError(f"lambda_steps={self.lambda_steps} is above the stage's steps={self.steps}, so "
+                             f"lambda_end is never reached; lower lambda_steps or leave it out (the whole stage)")
+        return self
+
+
+StageSpec = Annotated[Union[JointStage, WordDistillStage], Field(discriminator="name")]
+"""One training stage, chosen by ``name``; a stage-3 ``seq_distill`` class joins this union later."""
+STAGE_ORDER = ("joint", "word_distill")
+"""Stage names in the order the paper runs them (sec. 3.3); ``train.stages`` must keep it."""
+_PLANNED_STAGES = {"seq_distill": "sequence-level self-distillation (stage 3, Scalable Transformers eq. 6)"}
+
+
 class TrainSpec(_Strict):
     steps: int = Field(3000, ge=1)
-    """Optimizer steps of supernet training."""
+    """Optimizer steps of supernet training; with ``stages`` it may be left out (the sum of their steps)."""
+    stages: list[StageSpec] | None = Field(None, min_length=1)
+    """Training stages in order, e.g. ``[{name: joint, steps: 2000}, {name: word_distill, steps: 1000}]``
+    (Scalable Transformers sec. 3.3); default: one joint stage of ``steps`` steps."""
+    width_dropout: dict[int, float] | None = None
+    """Dropout rate per model width (channels -> rate in [0, 1)), set in every ``nn.Dropout`` while a
+    sub-Transformer of that width runs, e.g. ``{256: 0.0, 512: 0.1, 1024: 0.3}`` (Scalable Transformers
+    sec. 4.1, appendix Table 5). The width is ``model_width`` (type 1), else ``supernet.model_dim``;
+    every width of the space needs a rate. Default: ``supernet.dropout`` for all."""
     max_tokens: int = Field(4096, ge=8)
     """Padded tokens per batch (source or target side, whichever is longer)."""
     lr: float = Field(5e-4, gt=0)
@@ -169,6 +215,55 @@ class TrainSpec(_Strict):
     """MUTE lambda (eq. 20): weight of the AutoShuffle permutation penalty (eq. 19) in the loss."""
     eval_beam_size: int = Field(4, ge=1)
     """Beam size for the widest sub-Transformer's validation BLEU at the end of training."""
+
+    @property
+    def stage_plan(self) -> tuple["JointStage | WordDistillStage", ...]:
+        """The stages in order; one joint stage of ``steps`` steps when ``stages`` is absent."""
+        return tuple(self.stages) if self.stages is not None else (JointStage(name="joint", steps=self.steps),)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _no_planned_stages(cls, stages: Any) -> Any:
+        for i, stage in enumerate(stages if isinstance(stages, list) else []):
+            name = stage.get("name") if isinstance(stage, dict) else None
+            if isinstance(name, str) and name in _PLANNED_STAGES:
+                raise ValueError(f"train.stages.{i}.name is {name!r}: {_PLANNED_STAGES[name]} is not available yet; "
+                                 f"use {' or '.join(STAGE_ORDER)}")
+        return stages
+
+    @field_validator("width_dropout", mode="before")
+    @classmethod
+    def _check_width_dropout(cls, rates: Any) -> Any:
+        if rates is None:
+            return rates
+        if not isinstance(rates, dict) or not rates:
+            raise ValueError(f"got {rates!r}; give model width (channels) -> dropout rate, e.g. {{256: 0.0, 1024: 0.3}}")
+        for width, rate in rates.items():
+            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+                raise ValueError(f"key {width!r} is not a model width; keys are widths in channels "
+                                 f"(integers >= 1), e.g. {{256: 0.0, 1024: 0.3}}")
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+                raise ValueError(f"width {width} has rate {rate!r}; dropout rates are numbers in [0, 1)")
+        return rates
+
+    @model_validator(mode="after")
+    def _check_stages(self) -> "TrainSpec":
+        if self.stages is None:
+            return self
+        order = [STAGE_ORDER.index(s.name) for s in self.stages]
+        for i in range(1, len(order)):
+            if order[i] < order[i - 1]:
+                raise ValueError(f"train.stages.{i} ({self.stages[i].name}) comes after train.stages.{i - 1} "
+                                 f"({self.stages[i - 1].name}); "
+                                 f"stages run in the order {' -> '.join(STAGE_ORDER)} (sec. 3.3): reorder them")
+        total = sum(s.steps for s in self.stages)
+        if "steps" not in self.model_fields_set:
+            object.__setattr__(self, "steps", total)  # frozen: derived once, here
+        elif self.steps != total:
+            parts = " + ".join(f"{s.name} {s.steps}" for s in self.stages)
+            raise ValueError(f"train.steps={self.steps} but train.stages add up to {total} steps ({parts}); "
+                             f"make them agree or leave train.steps out (it is then the sum of the stages)")
+        return self
 
 
 class MetricSpec(_Strict):
