@@ -22,7 +22,7 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -31,7 +31,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from nas.data import PreparedData, TokenBatcher
+from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import SuperTransformer
@@ -246,8 +246,8 @@ def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def _sandwich_step(model: SuperTransformer, batch, archs: list[Arch], lambda_2: float | None, spec: SweepSpec,
-                   autocast) -> dict[str, float]:
+def _sandwich_step(model: SuperTransformer, batch: Batch, archs: list[Arch], lambda_2: float | None,
+                   spec: SweepSpec, autocast: AbstractContextManager) -> dict[str, float]:
     """Forward and backward of one step's sub-Transformers (``archs[0]`` the widest, ``archs[1]`` the
     narrowest, then the sampled ones); gradients accumulate in ``model``, the caller steps.
 
