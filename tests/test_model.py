@@ -1,6 +1,7 @@
 """The supernet against independent references: torch.nn.Transformer, extraction, cached decoding."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -284,3 +285,30 @@ def test_beam_search_scores_equal_a_full_recomputation_of_the_chosen_hypotheses(
             assert sum(lp[j, t].item() for j, t in enumerate(ids)) / len(ids) == pytest.approx(score, abs=1e-4)
         greedy = beam_search(model, src, arch, beam_size=1)
     assert hyps != greedy or arch is None  # the test must exercise real beam reordering
+
+
+SWEEP_FILES = sorted((Path(__file__).resolve().parents[1] / "search_spaces").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
+def test_extract_equals_the_supernet_for_random_archs_of_each_shipped_space(path):
+    """Every family file and unified.yaml: the standalone model of a sampled arch equals the supernet."""
+    import random
+
+    from nas.space.space import SearchSpace
+    from nas.space.spec import load_spec
+    from trainers import build_supernet
+
+    spec = load_spec(path, check_files=False)
+    space = SearchSpace.from_spec(spec)
+    torch.manual_seed(7)
+    model = build_supernet(spec, V).eval()
+    with torch.no_grad():  # move every parameter off its initial value (identity projections, unit weights, gates)
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    rng = random.Random(path.stem)
+    src, tgt = _batch(b=2, s=6, t=5)
+    for arch in [space.narrowest(), space.sample(rng), space.sample(rng)]:
+        sub = extract(model, arch)
+        with torch.no_grad():
+            assert (sub(src, tgt) - model(src, tgt, arch)).abs().max().item() <= 1e-4, arch.summary()

@@ -112,3 +112,28 @@ def test_type1_training_updates_the_eq3_projections_and_the_narrow_crop(prepared
     eye = torch.eye(32)
     assert not torch.allclose(model.proj_in.weight, eye) and not torch.allclose(model.proj_out.weight, eye)
     assert model.model_dim == 32 and model.embed_dim == 32
+
+
+def test_a_few_steps_on_the_unified_space_lower_the_loss_of_the_widest_and_the_narrowest(prepared, tmp_path):
+    """search_spaces/unified.yaml's space and supernet (all five families) on the Multi30k slice."""
+    import yaml
+
+    from nas.evaluate import valid_loss
+    from nas.space.space import SearchSpace
+    from tests.conftest import REPO
+    from trainers import build_supernet
+
+    raw, data = prepared
+    unified = yaml.safe_load((REPO / "search_spaces" / "unified.yaml").read_text())
+    spec = parse_spec({**raw, "supernet": {**unified["supernet"], "max_positions": 128}, "space": unified["space"],
+                       "train": {**raw["train"], "steps": 25, "lr": 2e-3, "warmup_steps": 5, "precision": "fp32",
+                                 "checkpoint_every": 100, "keep_last": 0}})
+    space = SearchSpace.from_spec(spec)
+    torch.manual_seed(spec.train.seed)  # the trainer's initialisation
+    before = build_supernet(spec, data.vocab_size).eval()
+    train_supernet(spec, data, tmp_path, progress=False)
+    after = load_model(tmp_path, "supernet").eval()
+    src, tgt = data.load_split("valid")
+    for arch in (space.widest(), space.narrowest()):
+        start, end = (valid_loss(m, src, tgt, arch, max_tokens=512) for m in (before, after))
+        assert end < start - 0.3, (arch.summary(), start, end)
