@@ -251,8 +251,9 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
                 seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
     """Measure sub-Transformers on this machine, fit a latency predictor and report its held-out RMSE and MAPE."""
     spec = _load(file)
-    import json as _json
-
+    n_sent = sentences or spec.search.latency_sentences
+    if n_sent < batch_size:  # checked before any data is prepared or model loaded
+        _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
     from nas.data import DataError
     from nas.evaluate import _encode_src
     from nas.latency import LatencyPredictor, collect_samples
@@ -268,9 +269,6 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     except DataError as e:
         _fail(str(e))
     model = load_model(supernet_dir, "supernet").eval()
-    n_sent = sentences or spec.search.latency_sentences
-    if n_sent < batch_size:
-        _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
     src_text, _ = data.valid_text()
     ids = _encode_src(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
     measured = collect_samples(model, SearchSpace.from_spec(spec), ids, samples, seed=seed, batch_sizes=(batch_size,),
@@ -283,7 +281,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
         _fail(str(e))
     target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
     predictor.save(target)
-    atomic_write_text(target.with_name(target.stem + ".samples.json"), _json.dumps(measured, indent=1))
+    atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
     out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
               f"beam {spec.search.beam_size}")
     out.print(f"held-out RMSE {metrics['rmse_ms']:.2f} ms, MAPE {metrics['mape']:.1f}% "
