@@ -51,6 +51,7 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
         src = torch.zeros(len(chunk), width, dtype=torch.long)  # [b, s], PAD = 0
         for row, i in enumerate(chunk):
             src[row, : len(ids[i])] = torch.tensor(ids[i])
+        src = src.to(next(model.parameters()).device)
         for i, hyp in zip(chunk, beam_search(model, src, arch, beam_size=beam_size)):
             out[i] = hyp
     return tokenizer.decode(out)
@@ -68,7 +69,9 @@ def valid_loss(model: SuperTransformer, src_ids: list[list[int]], tgt_ids: list[
     """Mean negative log-likelihood per target token (nats, no label smoothing)."""
     model.eval()
     total, tokens = 0.0, 0
+    device = next(model.parameters()).device
     for batch in TokenBatcher(src_ids, tgt_ids, max_tokens, shuffle=False).batches(0):
+        batch = batch.to(device)
         _, nll = label_smoothed_nll(model(batch.src, batch.tgt_in, arch), batch.tgt_out, 0.0)
         total, tokens = total + float(nll), tokens + batch.ntokens
     return total / max(tokens, 1)

@@ -141,8 +141,13 @@ def test_train_steps_is_the_sum_of_the_stages_when_left_out():
 @pytest.mark.parametrize("train, fragments", [
     ({"steps": 10, "stages": TWO_STAGES}, ["train.steps=10", "train.stages add up to 6", "leave train.steps out"]),
     ({"stages": TWO_STAGES[::-1]}, ["train.stages.1 (joint) comes after train.stages.0 (word_distill)"]),
-    ({"stages": [TWO_STAGES[0], {"name": "seq_distill", "steps": 2}]},
-     ["train.stages.1.name is 'seq_distill'", "not available yet"]),
+    ({"stages": [TWO_STAGES[0], {"name": "seq_distill", "steps": 2}, TWO_STAGES[1]]},
+     ["train.stages.2 (word_distill) comes after train.stages.1 (seq_distill)", "joint -> word_distill -> seq_distill"]),
+    ({"stages": [{"name": "seq_distill", "steps": 2, "lambda_3": 1.2}]},
+     ["train.stages.0.seq_distill.lambda_3", "less than or equal to 1"]),
+    ({"stages": [{"name": "seq_distill", "steps": 2, "beam": 4}]},
+     ["train.stages.0.seq_distill.beam: unknown key (did you mean 'beam_size'?)"]),
+    ({"accumulate": 0}, ["train.accumulate", "greater than or equal to 1"]),
     ({"stages": [{"name": "word_distill", "steps": 3, "lambda_end": 1.5}]},
      ["train.stages.0.word_distill.lambda_end", "less than or equal to 1"]),
     ({"stages": [{"name": "word_distill", "steps": 3, "lambda_start": -0.1}]},
@@ -152,7 +157,8 @@ def test_train_steps_is_the_sum_of_the_stages_when_left_out():
     ({"width_dropout": {0: 0.1}}, ["train.width_dropout", "key 0 is not a model width"]),
     ({"width_dropout": {"wide": 0.1}}, ["train.width_dropout", "key 'wide'"]),
     ({"width_dropout": {32: 1.0}}, ["train.width_dropout", "width 32 has rate 1.0", "[0, 1)"]),
-], ids=["steps_not_summing", "word_distill_before_joint", "seq_distill_not_yet", "lambda_above_1",
+], ids=["steps_not_summing", "word_distill_before_joint", "word_distill_after_seq_distill", "lambda_3_above_1",
+        "seq_distill_unknown_key", "accumulate_zero", "lambda_above_1",
         "lambda_below_0", "lambda_steps_above_steps", "lambda_on_joint", "width_zero", "width_not_int",
         "rate_one"])
 def test_bad_train_section_names_the_key(train, fragments):
@@ -227,7 +233,7 @@ def two_stage_run(prepared, tmp_path_factory):
 
 def test_two_stage_run_reports_stage_losses_and_lambda(two_stage_run):
     out, result, reports = two_stage_run
-    steps = [r for r in reports if "stage" in r]
+    steps = [r for r in reports if "stage" in r and "stage_end" not in r]
     assert result.steps == 6 and [r["step"] for r in steps] == [1, 2, 3, 4, 5, 6]
     assert [r["stage"] for r in steps] == [1, 1, 1, 2, 2, 2]
     assert [r.get("lambda_2") for r in steps] == [None, None, None, 1.0, 0.75, 0.5]

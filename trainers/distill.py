@@ -7,6 +7,8 @@ Li et al., "Scalable Transformers for Neural Machine Translation", sec. 3.3 and 
   ``L_2 = L_ce(T_max(S); G) + lambda_2 sum_T L_ce(T(S); G) + (1 - lambda_2) sum_T L_ce(T(S); T_max(S))``,
   where ``T_max(S)`` is the widest sub-Transformer's word distribution of the same step, a constant
   target (no gradient flows into the widest through the last term);
+* stage 3, ``seq_distill`` (eq. 6): the same loss with the widest's beam-search translations
+  (:mod:`trainers.seq_distill`) in place of G, the widest trained on them alone, lambda_3 fixed (0.1);
 * dropout rates that grow with the model width (sec. 4.1, appendix B Table 5).
 
 The losses are pure functions on logits ``[b, t, V]``, summed over non-pad target tokens like
@@ -23,14 +25,14 @@ import torch
 from torch import nn
 
 from nas.model.losses import label_smoothed_nll
-from nas.space.spec import JointStage, WordDistillStage
+from nas.space.spec import JointStage, SeqDistillStage, WordDistillStage
 
 __all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss", "dropout_rate",
            "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS"]
 
-Stage = JointStage | WordDistillStage
-STAGE_NUMBERS = {"joint": 1, "word_distill": 2}
-"""The paper's number of each stage (reported as the ``stage`` metric); ``seq_distill`` will be 3."""
+Stage = JointStage | WordDistillStage | SeqDistillStage
+STAGE_NUMBERS = {"joint": 1, "word_distill": 2, "seq_distill": 3}
+"""The paper's number of each stage (reported as the ``stage`` metric)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class StagePosition:
 
     @property
     def number(self) -> int:
-        """The paper's stage number: 1 joint, 2 word_distill."""
+        """The paper's stage number: 1 joint, 2 word_distill, 3 seq_distill."""
         return STAGE_NUMBERS[self.stage.name]
 
     @property
@@ -59,6 +61,14 @@ class StagePosition:
         s = self.stage
         t_j = s.steps if s.lambda_steps is None else s.lambda_steps
         return anneal_lambda(self.step, s.lambda_start, s.lambda_end, t_j)
+
+    @property
+    def distill_lambda(self) -> float | None:
+        """The weight of the targets for the sub-Transformers: lambda_2 (eq. 5) in a word_distill stage,
+        lambda_3 (eq. 6) in a seq_distill stage; None in a joint stage (no distillation)."""
+        if isinstance(self.stage, SeqDistillStage):
+            return self.stage.lambda_3
+        return self.lambda_2
 
 
 def stage_at(stages: Sequence[Stage], step: int) -> StagePosition:

@@ -1,16 +1,18 @@
-"""Supernet training with the sandwich rule in stages, resumable from atomic checkpoints.
+"""Supernet training with the sandwich rule in stages, resumable from atomic checkpoints, data-parallel.
 
 Each step trains the widest sub-Transformer, the narrowest and ``k`` random ones on the
 same batch and sums their gradients (the sandwich rule of slimmable networks), with Adam
-with inverse-square-root warm-up and gradient clipping. ``train.stages`` runs Scalable
-Transformers' stages in order (sec. 3.3, :mod:`trainers.distill`): ``joint`` (eq. 4: all learn
-from the ground truth, label-smoothed) then ``word_distill`` (the sub-Transformers also learn
-from the widest's word distribution, weighted by the eq. 5 schedule); the stage and the step
-within it follow from the global step. ``train.width_dropout`` sets the dropout rate per
-sub-Transformer width (sec. 4.1). A checkpoint (model, optimizer,
-scheduler, RNG states, data position) is written every ``checkpoint_every`` steps through a
-temporary file and ``os.replace``; rerunning resumes from it. Beside each checkpoint a
-model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is written and the newest
+with inverse-square-root warm-up and gradient clipping; ``train.accumulate`` batches make one
+step. ``train.stages`` runs Scalable Transformers' three stages in order (sec. 3.3,
+:mod:`trainers.distill`, :mod:`trainers.seq_distill`): ``joint`` (eq. 4: all learn from the ground
+truth, label-smoothed), ``word_distill`` (the sub-Transformers also learn from the widest's word
+distribution, weighted by the eq. 5 schedule) and ``seq_distill`` (eq. 6: the widest's beam-search
+translations of the training sources replace the ground truth); the stage and the step within it
+follow from the global step. ``train.width_dropout`` sets the dropout rate per sub-Transformer
+width (sec. 4.1). A checkpoint (model, optimizer, scheduler, RNG states, data position and stage)
+is written every ``checkpoint_every`` steps through a temporary file and ``os.replace``; rerunning
+resumes from it exactly (same sampled sub-Transformers, same batches, same losses). Beside each
+checkpoint a model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is written and the newest
 ``keep_last`` are kept, for checkpoint averaging (:mod:`trainers.average`, ``nas average``).
 """
 
@@ -34,14 +36,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, save_model
+from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
-from nas.space.spec import SweepSpec
+from nas.space.spec import SeqDistillStage, SweepSpec
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
-from trainers.distill import check_width_dropout, dropout_rate, stage_at, width_dropout_rate, word_distill_loss
+from trainers.distill import (STAGE_NUMBERS, StagePosition, check_width_dropout, dropout_rate, stage_at, width_dropout_rate,
+                              word_distill_loss)
 from trainers.proximal import load_proximal_source, proximal_initialize
-from nas.model.losses import label_smoothed_nll
+from trainers.seq_distill import DISTILL_DIR, load_distill_targets, write_distill_targets
 
 __all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
            "check_fingerprint"]
@@ -96,24 +100,35 @@ def _progress(enabled: bool) -> Progress:
 
 
 def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, report: Report | None = None,
-                   progress: bool | None = None) -> TrainResult:
+                   progress: bool | None = None, device: str | torch.device | None = None) -> TrainResult:
     """Train (or resume training) the sweep's supernet; returns where it was saved and its final scores.
+
+    Runs data-parallel when ``torch.distributed`` is initialised (one process per worker, e.g. Ray
+    Train's ``TorchTrainer``, see :mod:`nas.search.ddp`): every rank samples the same sub-Transformers
+    (one seeded RNG), takes rows ``rank::world`` of every batch, normalises its loss by the global
+    batch's target tokens and all-reduces (sums) the gradients, so each optimizer step equals the
+    single-process step on the whole batch. Only rank 0 writes files; every rank calls ``report``
+    with the same metrics.
 
     Args:
         spec: the sweep (``train``, ``supernet`` and ``space`` sections are used).
         data: tokenized corpus from :func:`nas.data.prepare_data`.
-        out_dir: folder for ``checkpoint.pt``, the final ``supernet.*`` files and the
-            ``snapshots/`` (the newest ``train.keep_last``, one per checkpoint); a finished
-            run found there is not trained again.
+        out_dir: folder for ``checkpoint.pt``, the final ``supernet.*`` files, the ``snapshots/``
+            (the newest ``train.keep_last``, one per checkpoint) and the stage-3 targets
+            (``seq_distill/``); a finished run found there is not trained again.
         report: called with metrics every ``log_every`` steps, at the end of each stage and once at
             the end (``ray.tune.report`` inside a trial, MLflow logging standalone). Besides
             ``train_loss`` (the widest's), ``lr``, ``tokens_per_s`` and ``grad_norm``: ``stage`` (the
-            paper's number: 1 joint, 2 word_distill), ``loss_widest``, ``loss_narrowest``,
+            paper's number: 1 joint, 2 word_distill, 3 seq_distill), ``loss_widest``, ``loss_narrowest``,
             ``loss_sampled`` (mean of the ``sandwich_k`` random ones; absent when k = 0), each the
-            label-smoothed cross-entropy against the ground truth per target token averaged over
-            the interval, and in word_distill stages ``lambda_2`` and ``loss_distill`` (the
-            sub-Transformers' cross-entropy against the widest's distribution per token).
-        progress: show a progress bar (default: when stderr is a terminal).
+            label-smoothed cross-entropy per target token against the stage's targets (the ground
+            truth; the widest's beam-search translations in stage 3) averaged over the interval; in
+            distillation stages ``lambda_2`` (eq. 5) or ``lambda_3`` (eq. 6) and ``loss_distill``
+            (the sub-Transformers' cross-entropy against the widest's distribution per token). At the
+            end of each stage (``train.stage_eval``): ``stage_end: 1`` and ``bleu_<ref>``/``chrf_<ref>``
+            of the reference sub-Transformers (narrowest, middle, widest) on the validation set.
+        progress: show a progress bar (default: when stderr is a terminal; never on ranks > 0).
+        device: where to train (default: ``cuda`` when available, else ``cpu``).
 
     Raises:
         ValueError: ``out_dir`` holds another configuration's supernet; ``train.width_dropout`` lacks a
@@ -122,6 +137,9 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    rank, world = _dist_info()
+    main = rank == 0
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tr = spec.train
     torch.manual_seed(tr.seed)
     if tr.threads:
@@ -129,32 +147,36 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     space = SearchSpace.from_spec(spec)
     check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
     plan = tr.stage_plan
-    model = build_supernet(spec, data.vocab_size)
+    model = build_supernet(spec, data.vocab_size).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=tr.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(tr.warmup_steps))
-    src, tgt = data.load_split("train")
-    batcher = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+    train_src, train_tgt = data.load_split("train")
+    batchers = {"train": TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)}
     rng = random.Random(tr.seed)
-    state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}, "stage": plan[0].name}
+    state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}, "stage": plan[0].name,
+             "corpus": "train", "stage_scores": {}}
     ckpt_path = out_dir / CHECKPOINT
     fingerprint = supernet_fingerprint(spec, data)
     check_fingerprint(out_dir, fingerprint)
     if ckpt_path.is_file():
-        ckpt = torch.load(ckpt_path, weights_only=True)
+        ckpt = torch.load(ckpt_path, weights_only=True, map_location=device)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        torch.set_rng_state(ckpt["torch_rng"])
+        torch.set_rng_state(ckpt["torch_rng"].cpu())
         rng.setstate(_as_tuple(ckpt["sampler_rng"]))
-        state = ckpt["state"]
+        state = {"corpus": "train", "stage_scores": {}, **ckpt["state"]}
     elif tr.proximal_init is not None:  # a fresh run: MAT sec. 3.3
         proximal_initialize(model, load_proximal_source(tr.proximal_init))
     if state["step"] >= tr.steps and (out_dir / "metrics.json").is_file():
         return TrainResult(out_dir, state["step"], dict(state["final"]))
 
-    atomic_write_text(out_dir / "fingerprint.json", fingerprint)
+    if main:
+        atomic_write_text(out_dir / "fingerprint.json", fingerprint)
 
     def checkpoint() -> None:
+        if not main:
+            return
         if tr.keep_last > 0:  # snapshot first: a crash before the checkpoint re-creates it on resume
             save_snapshot(model.state_dict(), out_dir / SNAPSHOTS, state["step"], model.config())
             prune_snapshots(out_dir / SNAPSHOTS, tr.keep_last)
@@ -163,45 +185,72 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                                      "sampler_rng": rng.getstate(), "state": state})
 
     widest, narrowest = space.widest(), space.narrowest()
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
-    show = sys.stderr.isatty() if progress is None else progress
+    bf16 = tr.precision == "bf16"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    show = (sys.stderr.isatty() if progress is None else progress) and main
+    emit = report or (lambda _metrics: None)
     model.train()
     window = _new_window()
     with _progress(show) as bar:
         task = bar.add_task("train", total=tr.steps, completed=state["step"], info="")
         while state["step"] < tr.steps:
-            for batch in batcher.batches(state["epoch"], start=state["position"]):
+            at = stage_at(plan, state["step"])
+            corpus = _corpus(plan, at)
+            if state["corpus"] != corpus:  # a stage with other targets starts: its own epochs
+                state.update(corpus=corpus, epoch=0, position=0)
+            if corpus not in batchers:
+                if state["step"] % tr.checkpoint_every:  # the model that translates survives a kill
+                    checkpoint()
+                src, tgt = _distilled_corpus(model, widest, train_src, at, out_dir / corpus, rank, world, bf16, show)
+                batchers[corpus] = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+            batcher = batchers[corpus]
+            for group in _groups(batcher.batches(state["epoch"], start=state["position"]), tr.accumulate):
                 at = stage_at(plan, state["step"])
+                if _corpus(plan, at) != corpus:
+                    break
                 archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
+                ntokens = sum(b.ntokens for b in group)
+                shards = [s.to(device) for s in (_shard(b, rank, world) for b in group) if s is not None]
                 optimizer.zero_grad(set_to_none=True)
-                losses = _sandwich_step(model, batch, archs, at.lambda_2, spec, autocast)
+                losses = _sandwich_step(model, shards, archs, at.distill_lambda, spec, autocast, ntokens,
+                                        penalty=main)
+                if world > 1:
+                    _all_reduce_grads(model)
+                    losses = _all_reduce_dict(losses, device)
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
                 optimizer.step()
                 model.renormalize_autoshuffle_()  # MUTE eq. 17-18
                 scheduler.step()
                 state["step"] += 1
-                state["position"] += 1
+                state["position"] += len(group)
                 state["stage"] = at.stage.name
-                _accumulate(window, losses, batch.ntokens)
+                _accumulate(window, losses, ntokens)
                 if not math.isfinite(grad_norm):
                     raise FloatingPointError(f"non-finite gradient norm at step {state['step']}; lower train.lr")
                 if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
-                    students = len(archs) - 1 if at.lambda_2 is not None else 0
+                    students = len(archs) - 1 if at.distill_lambda is not None else 0
                     metrics = {**_window_metrics(window, optimizer, grad_norm, sampled=tr.sandwich_k,
                                                  distilled=students), "stage": at.number}
-                    if at.lambda_2 is not None:
-                        metrics["lambda_2"] = at.lambda_2
+                    if at.distill_lambda is not None:
+                        metrics[f"lambda_{at.number}"] = at.distill_lambda
                     state["elapsed_s"] += metrics.pop("window_s")
                     bar.update(task, completed=state["step"],
                                info=f"{at.stage.name} | loss {metrics['train_loss']:.3f} | "
                                     f"{metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
-                    if not show:
+                    if main and not show:
                         print(f"step {state['step']}/{tr.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
                               f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
-                    if report:
-                        report({**metrics, "step": state["step"]})
+                    emit({**metrics, "step": state["step"]})
                 else:
                     bar.update(task, completed=state["step"])
+                if at.is_last_step and tr.stage_eval:  # the reference sub-Transformers after each stage
+                    scores = _broadcast(lambda: _reference_scores(model, data, spec, space), main)
+                    model.train()
+                    state["stage_scores"][str(at.number)] = scores
+                    if main:
+                        print(f"end of stage {at.number} ({at.stage.name}): " + ", ".join(
+                            f"{k} {v:.2f}" for k, v in scores.items() if k.startswith("bleu")), file=sys.stderr, flush=True)
+                    emit({**scores, "stage": at.number, "stage_end": 1, "step": state["step"]})
                 if state["step"] % tr.checkpoint_every == 0:
                     checkpoint()
                 if state["step"] >= tr.steps:
@@ -210,14 +259,118 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                 state["epoch"] += 1
                 state["position"] = 0
     model.eval()
-    save_model(model, out_dir, SUPERNET)
-    state["final"] = {**_final_scores(model, data, spec, widest), "train_seconds": state["elapsed_s"],
-                      "epochs": state["epoch"] + state["position"] / max(len(batcher), 1)}
+    if main:
+        save_model(model, out_dir, SUPERNET)
+    last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None
+    final = _broadcast(lambda: _final_scores(model, data, spec, widest, last), main)
+    stage_scores = {f"stage{n}_{k}": v for n, scores in state["stage_scores"].items() for k, v in scores.items()}
+    state["final"] = {**final, **stage_scores, "train_seconds": state["elapsed_s"],
+                      "epochs": state["epoch"] + state["position"] / max(len(batchers[state["corpus"]]), 1)}
     checkpoint()
-    atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
-    if report:
-        report({**state["final"], "step": state["step"]})
+    if main:
+        atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
+    emit({**state["final"], "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+
+def _dist_info() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) without ``torch.distributed``."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _shard(batch: Batch, rank: int, world: int) -> Batch | None:
+    """Rows ``rank::world`` of a batch (same padded width); None when this rank gets no row."""
+    if world == 1:
+        return batch
+    rows = slice(rank, None, world)
+    tgt_out = batch.tgt_out[rows]
+    if tgt_out.size(0) == 0:
+        return None
+    return Batch(batch.src[rows], batch.tgt_in[rows], tgt_out, int(tgt_out.ne(0).sum()))
+
+
+def _all_reduce_grads(model: torch.nn.Module) -> None:
+    """Sum every parameter's gradient over the ranks (one flat all-reduce; missing gradients count as 0)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    torch.distributed.all_reduce(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+        offset += n
+
+
+def _all_reduce_dict(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sum a dict of floats over the ranks (same keys everywhere)."""
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
+
+
+def _broadcast(compute: Callable[[], dict[str, float]], main: bool) -> dict[str, float]:
+    """``compute()`` on rank 0, its result on every rank (no collective without ``torch.distributed``)."""
+    rank, world = _dist_info()
+    if world == 1:
+        return compute()
+    box = [compute() if main else None]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _groups(batches, size: int):
+    """Consecutive lists of ``size`` batches (the last one may be shorter)."""
+    group: list[Batch] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group
+
+
+def _corpus(plan, at: StagePosition) -> str:
+    """Which targets a stage trains on: ``train`` (the ground truth) or, for a seq_distill stage,
+    ``seq_distill/step_XXXXXXXX`` (the widest's translations made at that global step)."""
+    if not isinstance(at.stage, SeqDistillStage):
+        return "train"
+    start = sum(s.steps for s in plan[:at.index])
+    return f"{DISTILL_DIR}/step_{start:08d}"
+
+
+def _distilled_corpus(model: SuperTransformer, widest: Arch, train_src: list[list[int]], at: StagePosition,
+                      folder: Path, rank: int, world: int, bf16: bool, show: bool):
+    """Write (or finish writing) stage 3's targets with every rank's share, then load them all."""
+    stage = at.stage
+    write_distill_targets(model, widest, train_src, folder, stage, rank=rank, world=world, bf16=bf16, progress=show)
+    if world > 1:
+        torch.distributed.barrier()
+    src, tgt = load_distill_targets(folder, train_src, stage.max_sentences)
+    if not src:
+        raise ValueError(f"no stage-3 target survived the filters in {folder}; raise "
+                         f"train.stages.{at.index}.max_length or max_length_ratio")
+    return src, tgt
+
+
+def _reference_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec,
+                      space: SearchSpace) -> dict[str, float]:
+    """Validation BLEU/chrF (beam ``train.eval_beam_size``) of the narrowest, middle and widest sub-Transformers."""
+    src_text, ref_text = data.valid_text()
+    tokenizer = data.tokenizer()
+    out: dict[str, float] = {}
+    for name, arch in space.references().items():
+        scores = corpus_scores(translate(model, tokenizer, src_text, arch, beam_size=spec.train.eval_beam_size),
+                               ref_text)
+        out[f"bleu_{name}"], out[f"chrf_{name}"] = scores.bleu, scores.chrf
+    return out
 
 
 FORMAT_VERSION = 3
@@ -246,40 +399,46 @@ def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def _sandwich_step(model: SuperTransformer, batch: Batch, archs: list[Arch], lambda_2: float | None,
-                   spec: SweepSpec, autocast: AbstractContextManager) -> dict[str, float]:
-    """Forward and backward of one step's sub-Transformers (``archs[0]`` the widest, ``archs[1]`` the
-    narrowest, then the sampled ones); gradients accumulate in ``model``, the caller steps.
+def _sandwich_step(model: SuperTransformer, batches: list[Batch], archs: list[Arch], lam: float | None,
+                   spec: SweepSpec, autocast: AbstractContextManager, ntokens: int, *,
+                   penalty: bool = True) -> dict[str, float]:
+    """Forward and backward of one step's sub-Transformers on each of ``batches`` (``archs[0]`` the
+    widest, ``archs[1]`` the narrowest, then the sampled ones); gradients accumulate in ``model``, the
+    caller steps.
 
-    ``lambda_2`` None: stage 1, every sub-Transformer on the ground truth (eq. 4). Otherwise stage 2
-    (sec. 3.3, L_2): the widest on the ground truth, each other one on
-    ``lambda_2 * ground truth + (1 - lambda_2) * the widest's distribution``, the widest's logits of
-    this step being computed once and reused, detached. Returns per-token losses summed over
-    the step (``nll`` and ``widest`` of the widest; ``narrowest``; ``sampled`` and ``distill`` summed
-    over the sub-Transformers they cover), all label-smoothed cross-entropy against the ground truth
-    except ``distill``.
+    ``lam`` None: stage 1, every sub-Transformer on the batch's targets (eq. 4). Otherwise stage 2
+    (sec. 3.3 L_2 with ``lam`` = lambda_2) or 3 (eq. 6 with ``lam`` = lambda_3, the batch's targets
+    being the widest's beam-search translations): the widest on the targets, each other one on
+    ``lam * targets + (1 - lam) * the widest's distribution``, the widest's logits of this batch
+    computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of
+    the whole step (all accumulated batches, all data-parallel ranks), so the gradient is the
+    step's per-token mean. ``penalty``: add MUTE's eq. 20 term (once per step: on rank 0's first batch).
+    Returns per-token losses summed over the step (``nll`` and ``widest`` of the widest;
+    ``narrowest``; ``sampled`` and ``distill`` summed over the sub-Transformers they cover), all
+    label-smoothed cross-entropy against the targets except ``distill``.
     """
     tr = spec.train
-    teacher = None
     out = {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0}
-    for i, arch in enumerate(archs):
-        rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
-        with autocast, dropout_rate(model, rate):  # sec. 4.1: the rate of this sub-Transformer's width
-            logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
-        if i == 0 or lambda_2 is None:
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
-            objective = loss / batch.ntokens
-        else:
-            objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lambda_2, tr.label_smoothing)
-            objective = objective / batch.ntokens
-            out["distill"] += float(soft.detach()) / batch.ntokens
-        if i == 0:
-            teacher = logits.detach() if lambda_2 is not None else None
-            out["nll"] = float(nll.detach()) / batch.ntokens
-            if tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k, once per step
-                objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
-        objective.backward()
-        out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / batch.ntokens
+    for b, batch in enumerate(batches):
+        teacher = None
+        for i, arch in enumerate(archs):
+            rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
+            with autocast, dropout_rate(model, rate):  # sec. 4.1: the rate of this sub-Transformer's width
+                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+            if i == 0 or lam is None:
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+                objective = loss / ntokens
+            else:
+                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing)
+                objective = objective / ntokens
+                out["distill"] += float(soft.detach()) / ntokens
+            if i == 0:
+                teacher = logits.detach() if lam is not None else None
+                out["nll"] += float(nll.detach()) / ntokens
+                if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
+                    objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
+            objective.backward()
+            out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / ntokens
     return out
 
 
@@ -289,7 +448,7 @@ def _new_window() -> dict[str, float]:
 
 
 def _accumulate(window: dict[str, float], losses: dict[str, float], ntokens: int) -> None:
-    """Add one step's losses (:func:`_sandwich_step`) to the logging window."""
+    """Add one step's losses (:func:`_sandwich_step`, per token of the step) to the logging window."""
     for key in ("widest", "nll", "narrowest", "sampled", "distill"):
         window[key] += losses[key]
     window["tokens"] += ntokens
@@ -313,11 +472,17 @@ def _window_metrics(window: dict[str, float], optimizer: torch.optim.Optimizer, 
     return metrics
 
 
-def _final_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec, widest) -> dict[str, float]:
-    """Validation BLEU/chrF (beam search) and loss of the widest sub-Transformer."""
-    src_text, ref_text = data.valid_text()
-    hyps = translate(model, data.tokenizer(), src_text, widest, beam_size=spec.train.eval_beam_size)
-    scores = corpus_scores(hyps, ref_text)
+def _final_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec, widest,
+                  last_stage: dict[str, float] | None) -> dict[str, float]:
+    """Validation BLEU/chrF (beam search) and loss of the widest sub-Transformer; BLEU/chrF are taken
+    from ``last_stage`` (the reference scores at the end of the last stage, same weights) when given."""
+    if last_stage is not None:
+        bleu, chrf = last_stage["bleu_widest"], last_stage["chrf_widest"]
+    else:
+        src_text, ref_text = data.valid_text()
+        scores = corpus_scores(translate(model, data.tokenizer(), src_text, widest,
+                                         beam_size=spec.train.eval_beam_size), ref_text)
+        bleu, chrf = scores.bleu, scores.chrf
     src, tgt = data.load_split("valid")
-    return {"widest_bleu": scores.bleu, "widest_chrf": scores.chrf,
+    return {"widest_bleu": bleu, "widest_chrf": chrf,
             "widest_valid_loss": valid_loss(model, src, tgt, widest, max_tokens=spec.train.max_tokens)}

@@ -155,6 +155,17 @@ class SearchSpace:
         """The smallest sub-Transformer of the space (the sandwich rule's lower end)."""
         return self._uniform(lambda _name, values: values[0])
 
+    def middle(self) -> Arch:
+        """A reference sub-Transformer between the two ends: the middle value of every numeric choice
+        (the upper middle of an even count) and the first of every string choice."""
+        return self._uniform(lambda name, values: values[0] if _dimension(name) in STRING_DIMENSIONS
+                             else values[len(values) // 2])
+
+    def references(self) -> dict[str, Arch]:
+        """The fixed reference sub-Transformers scored at the end of each training stage:
+        ``narrowest``, ``middle``, ``widest``."""
+        return {"narrowest": self.narrowest(), "middle": self.middle(), "widest": self.widest()}
+
     def sample(self, rng: random.Random) -> Arch:
         """A uniformly random sub-Transformer (each active choice independent)."""
         return self._uniform(lambda _name, values: rng.choice(values))

@@ -7,6 +7,7 @@ root in the README's commands).
 from __future__ import annotations
 
 import difflib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -166,11 +167,34 @@ class WordDistillStage(_Strict):
         return self
 
 
-StageSpec = Annotated[Union[JointStage, WordDistillStage], Field(discriminator="name")]
-"""One training stage, chosen by ``name``; a stage-3 ``seq_distill`` class joins this union later."""
-STAGE_ORDER = ("joint", "word_distill")
+class SeqDistillStage(_Strict):
+    """Stage 3 of Scalable Transformers (sec. 3.3, eq. 6): at the stage's start the widest translates the
+    training sources with beam search (sec. 4.1: beam 4, length penalty 0.6) into distillation targets
+    (Parquet, resumable); then the widest learns from those targets alone and every other sub-Transformer
+    from ``lambda_3 * targets + (1 - lambda_3) * the widest's word distribution`` of the same step."""
+    name: Literal["seq_distill"]
+    steps: int = Field(..., ge=1)
+    """Optimizer steps of this stage."""
+    lambda_3: float = Field(0.1, ge=0.0, le=1.0)
+    """Weight of the beam-search targets for the sub-Transformers (eq. 6; the paper fixes it to 0.1)."""
+    beam_size: int = Field(4, ge=1)
+    """Beam size of the widest when writing the targets (sec. 4.1: 4)."""
+    length_penalty: float = Field(0.6, ge=0.0)
+    """Length penalty of that beam search (sec. 4.1: 0.6): hypotheses ranked by ``log p / len**length_penalty``."""
+    max_length: int = Field(250, ge=1)
+    """Targets longer than this (subword tokens) are dropped (sec. 4.1: 250 words)."""
+    max_length_ratio: float = Field(20.0, gt=0.0)
+    """Pairs whose source/target or target/source length ratio exceeds this are dropped (sec. 4.1: 20)."""
+    max_sentences: int | None = Field(None, ge=1)
+    """Translate only the first N training pairs (a budget for CPU runs); default: all of them."""
+    batch_size: int = Field(64, ge=1)
+    """Sentences per beam-search batch while writing the targets."""
+
+
+StageSpec = Annotated[Union[JointStage, WordDistillStage, SeqDistillStage], Field(discriminator="name")]
+"""One training stage, chosen by ``name``."""
+STAGE_ORDER = ("joint", "word_distill", "seq_distill")
 """Stage names in the order the paper runs them (sec. 3.3); ``train.stages`` must keep it."""
-_PLANNED_STAGES = {"seq_distill": "sequence-level self-distillation (stage 3, Scalable Transformers eq. 6)"}
 
 
 class TrainSpec(_Strict):
@@ -186,6 +210,13 @@ class TrainSpec(_Strict):
     every width of the space needs a rate. Default: ``supernet.dropout`` for all."""
     max_tokens: int = Field(4096, ge=8)
     """Padded tokens per batch (source or target side, whichever is longer)."""
+    accumulate: int = Field(1, ge=1)
+    """Batches per optimizer step (gradient accumulation, fairseq's ``update_freq``): the step's
+    sub-Transformers are sampled once and their gradients summed over these batches, normalised by
+    the step's target tokens, so ``accumulate: 2`` equals one batch of twice ``max_tokens``."""
+    stage_eval: bool = True
+    """At the end of each stage, log validation BLEU/chrF (beam ``eval_beam_size``) of the reference
+    sub-Transformers: the narrowest, the middle and the widest of the space."""
     lr: float = Field(5e-4, gt=0)
     """Peak learning rate, reached after ``warmup_steps``; then inverse square root decay."""
     warmup_steps: int = Field(400, ge=1)
@@ -217,19 +248,9 @@ class TrainSpec(_Strict):
     """Beam size for the widest sub-Transformer's validation BLEU at the end of training."""
 
     @property
-    def stage_plan(self) -> tuple["JointStage | WordDistillStage", ...]:
+    def stage_plan(self) -> tuple["JointStage | WordDistillStage | SeqDistillStage", ...]:
         """The stages in order; one joint stage of ``steps`` steps when ``stages`` is absent."""
         return tuple(self.stages) if self.stages is not None else (JointStage(name="joint", steps=self.steps),)
-
-    @field_validator("stages", mode="before")
-    @classmethod
-    def _no_planned_stages(cls, stages: Any) -> Any:
-        for i, stage in enumerate(stages if isinstance(stages, list) else []):
-            name = stage.get("name") if isinstance(stage, dict) else None
-            if isinstance(name, str) and name in _PLANNED_STAGES:
-                raise ValueError(f"train.stages.{i}.name is {name!r}: {_PLANNED_STAGES[name]} is not available yet; "
-                                 f"use {' or '.join(STAGE_ORDER)}")
-        return stages
 
     @field_validator("width_dropout", mode="before")
     @classmethod
@@ -288,8 +309,12 @@ class SearchSpec(_Strict):
 
 class ResourcesSpec(_Strict):
     cpu: float = Field(2.0, gt=0)
-    """CPUs for the supernet-training trial."""
+    """CPUs for the supernet-training trial (per worker when ``workers`` > 1)."""
     gpu: float = Field(0.0, ge=0)
+    """GPUs for the supernet-training trial (per worker when ``workers`` > 1)."""
+    workers: int = Field(1, ge=1)
+    """Data-parallel workers for supernet training (Ray Train ``TorchTrainer``, DDP; NCCL on GPUs, else gloo).
+    Each worker takes its share of every batch, so the global batch stays ``train.max_tokens``."""
 
 
 class TrackingSpec(_Strict):
@@ -462,17 +487,30 @@ def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
             raise ValueError(f"space.{key}.when: {ref}={v!r} is not one of space.{ref}.values={target.values}")
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models inside an annotation (through ``list[...]``, ``Union``, ``Annotated``, ``| None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
 def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
-    """Suggest the closest allowed key for an unknown key at ``loc``."""
+    """Suggest the closest allowed key for an unknown key at ``loc`` (list indices and the ``name`` tags of
+    discriminated unions such as ``train.stages.0.seq_distill`` are followed)."""
+    models = [model]
     for part in loc[:-1]:
         if isinstance(part, int):  # a list index: the model is the list's item type
             continue
-        field = model.model_fields.get(part)
-        ann = getattr(field, "annotation", None) if field else None
-        candidates = [a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        if not candidates:
+        tagged = [m for m in models if "name" in m.model_fields
+                  and typing.get_args(m.model_fields["name"].annotation) == (part,)]
+        if tagged:
+            models = tagged
+            continue
+        field = next((m.model_fields[part] for m in models if part in m.model_fields), None)
+        models = _models_in(field.annotation) if field is not None else []
+        if not models:
             return ""
-        model = candidates[0]
+    model = models[0]
     close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
     return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(model.model_fields)})"
 
