@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +49,41 @@ def tiny_spec_dict(data_dir: Path, work: Path, **overrides) -> dict:
         else:
             spec[section] = value
     return spec
+
+
+POSTGRES_ADMIN_URL = os.environ.get("NAS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+"""Server the PostgreSQL tests create their databases on (trust auth on these machines)."""
+
+
+def _postgres_unavailable(reason: str) -> None:
+    """Skip with ``reason``, or fail when ``NAS_REQUIRE_POSTGRES=1`` (set by .ci/run)."""
+    message = f"PostgreSQL not available at {POSTGRES_ADMIN_URL}: {reason}"
+    if os.environ.get("NAS_REQUIRE_POSTGRES") == "1":
+        pytest.fail(message + " (NAS_REQUIRE_POSTGRES=1: this must not be skipped)")
+    pytest.skip(message + "; start PostgreSQL or set NAS_TEST_POSTGRES_URL")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh empty PostgreSQL database, as ``postgresql+psycopg://USER@HOST:PORT/nas_test_<hex>``; dropped afterwards.
+
+    Skips with the reason when the server doesn't answer; fails instead when ``NAS_REQUIRE_POSTGRES=1``.
+    """
+    try:
+        import psycopg
+    except ImportError as e:
+        _postgres_unavailable(f"psycopg is not installed ({e}); pip install 'psycopg[binary]'")
+    from sqlalchemy.engine import make_url
+
+    try:
+        admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as e:
+        _postgres_unavailable(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    name = f"nas_test_{uuid.uuid4().hex[:12]}"
+    with admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+        url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
+        try:
+            yield url.render_as_string(hide_password=False)
+        finally:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
