@@ -305,6 +305,9 @@ class SearchSpec(_Strict):
     latency_sentences: int = Field(10, ge=1)
     """Sentences timed one by one (batch size 1) for ``latency_ms``; the median is reported."""
     seed: int = 0
+    max_failures: int = Field(0, ge=0)
+    """Retries of a failing trial (Ray Tune ``FailureConfig(max_failures)``), for search trials and the
+    supernet-training trial; after the last retry the trial is recorded as failed and the sweep goes on."""
 
 
 class ResourcesSpec(_Strict):
@@ -317,9 +320,30 @@ class ResourcesSpec(_Strict):
     Each worker takes its share of every batch, so the global batch stays ``train.max_tokens``."""
 
 
+OPTUNA_STORAGE_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")
+
+
 class TrackingSpec(_Strict):
     experiment: str | None = None
     """MLflow experiment; default: the sweep's name."""
+    optuna_storage: str | None = None
+    """Optuna study storage: a PostgreSQL URL ``postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE`` (Optuna
+    ``RDBStorage``; ``postgresql+psycopg2://`` for psycopg2), shared by every driver that resumes the sweep.
+    None: a journal file ``<workdir>/<name>/optuna.journal`` (Optuna ``JournalFileBackend``)."""
+
+    @field_validator("optuna_storage")
+    @classmethod
+    def _check_optuna_storage(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        scheme, sep, rest = url.partition("://")
+        if not sep or scheme not in OPTUNA_STORAGE_SCHEMES:
+            raise ValueError(f"{scheme + sep if sep else url!r} is not a PostgreSQL URL; write "
+                             "postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE (or leave tracking.optuna_storage "
+                             "out for the journal file <workdir>/<name>/optuna.journal)")
+        if "/" not in rest or not rest.rsplit("/", 1)[1]:
+            raise ValueError(f"{scheme}://... names no database; write {scheme}://USER@HOST:PORT/DATABASE")
+        return url
 
 
 class SweepSpec(_Strict):
