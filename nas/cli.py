@@ -108,17 +108,51 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
                 metric: str = typer.Option("bleu", help="bleu | chrf | valid_loss | params_m | latency_ms"),
                 top: int = typer.Option(10, min=1), sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep id."),
                 fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet"),
-                out_file: Optional[Path] = typer.Option(None, "--out", help="File for csv/json/parquet.")) -> None:
-    """Best trials from MLflow, ranked by a metric."""
+                out_file: Optional[Path] = typer.Option(None, "--out", help="File for csv/json/parquet."),
+                status: str = typer.Option("FINISHED", help="FINISHED | FAILED | KILLED | RUNNING | all"),
+                where: Optional[list[str]] = typer.Option(None, "--where", help="Constraint METRIC OP NUMBER, e.g. "
+                                                          "'latency_ms<=40' (repeatable; all must hold)."),
+                pareto: bool = typer.Option(False, "--pareto", help="Mark the trials on the Pareto front (scans every "
+                                                                  "matching trial)."),
+                objectives: Optional[str] = typer.Option(None, help="Front objectives, e.g. 'bleu:max,latency_ms:min' "
+                                                         "(default: the sweep YAML's first two metrics, else that)."),
+                page_size: int = typer.Option(1000, min=1, help="Runs fetched from MLflow per request."),
+                plot_file: Optional[Path] = typer.Option(None, "--plot", help="Also write the front as a PNG "
+                                                         "(first objective against the second).")) -> None:
+    """Best trials from MLflow, ranked by a metric, filtered by sweep, status and constraints; optionally the Pareto front."""
     from nas import tracking
 
+    scan = None
     try:
         experiment = experiment or _latest_experiment()
-        rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id)
+        if pareto or plot_file is not None:
+            if objectives:
+                objs = tracking.parse_objectives(objectives)
+            elif sweep_id:
+                objs = tracking.sweep_objectives(tracking.find_sweep_run(sweep_id, experiment))
+            else:
+                objs = tracking.DEFAULT_OBJECTIVES
+            if plot_file is not None and len(objs) != 2:
+                raise ValueError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
+            scan = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                        where=where or (), page_size=page_size, keep_points=plot_file is not None)
+            rows = scan.rows
+        else:
+            rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                        where=where or (), page_size=page_size)
     except (LookupError, ValueError) as e:
         _fail(str(e))
+    if scan is not None and plot_file is not None:
+        from nas.plots import write_pareto_plot
+
+        write_pareto_plot(scan, plot_file, title=f"{experiment}{f' / {sweep_id}' if sweep_id else ''}: "
+                                                 f"{len(scan.front)} of {scan.scanned} trials on the front")
+        out.print(f"wrote the Pareto plot to {escape(str(plot_file))}", highlight=False)
     if fmt == "table":
         out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
+        if scan is not None:
+            out.print(f"Pareto front ({', '.join(map(str, scan.objectives))}): {len(scan.front)} of {scan.scanned} "
+                      f"matching trials; {sum(bool(r.pareto) for r in rows)} in this table (marked *)", highlight=False)
         return
     if out_file is None:
         _fail(f"--format {fmt} needs --out FILE")

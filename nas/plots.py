@@ -1,0 +1,124 @@
+"""Plots of a sweep: BLEU against latency (or any two objectives) with the Pareto front highlighted.
+
+Rendered with matplotlib's Agg canvas (no display, no global pyplot state), written as PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from nas import tracking
+from nas.tracking import Objective
+
+__all__ = ["PARETO_PLOT", "log_pareto_plot", "pareto_png", "write_pareto_plot"]
+
+PARETO_PLOT = "pareto.png"
+"""Artifact name of the plot on a sweep's parent run."""
+
+_LABELS = {"bleu": "BLEU", "chrf": "chrF", "latency_ms": "latency (ms)", "params_m": "parameters (M)",
+           "valid_loss": "validation loss (nats/token)"}
+
+
+def _label(o: Objective) -> str:
+    return f"{_LABELS.get(o.metric, o.metric)}, {'higher' if o.maximize else 'lower'} is better"
+
+
+def pareto_png(points: Sequence[Sequence[float | None]], on_front: Sequence[bool],
+               objectives: Sequence[Objective], *, title: str = "") -> bytes:
+    """A PNG (bytes) of ``points`` (``[n][2]``: values of ``objectives[0]``, ``objectives[1]``) with
+    the first objective on the y axis and the second on the x axis (BLEU against latency_ms by
+    default). Points with ``on_front[i]`` are drawn in red and joined by a step line; the others are
+    grey. Points with a missing or NaN value are left out; none at all gives an empty plot with a
+    note.
+
+    Raises:
+        ValueError: not exactly two objectives, or ``points`` and ``on_front`` differ in length.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if len(objectives) != 2:
+        raise ValueError(f"a Pareto plot needs exactly two objectives, got {len(objectives)}")
+    if len(points) != len(on_front):
+        raise ValueError(f"{len(points)} points but {len(on_front)} front flags")
+    ok = [(p, f) for p, f in zip(points, on_front)
+          if all(v is not None and not math.isnan(v) for v in p)]
+    fig = Figure(figsize=(6.4, 4.4), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    rest = [p for p, f in ok if not f]
+    front = sorted((p for p, f in ok if f), key=lambda p: p[1])  # along the x axis
+    if rest:
+        ax.scatter([p[1] for p in rest], [p[0] for p in rest], s=18, c="0.6", label=f"trials ({len(rest)})")
+    if front:
+        ax.step([p[1] for p in front], [p[0] for p in front], where="post", c="tab:red", lw=1, alpha=0.7)
+        ax.scatter([p[1] for p in front], [p[0] for p in front], s=30, c="tab:red", zorder=3,
+                   label=f"Pareto front ({len(front)})")
+        ax.legend(loc="best", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no trial with both metrics", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel(_label(objectives[1]))
+    ax.set_ylabel(_label(objectives[0]))
+    ax.grid(True, alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_pareto_plot(scan: tracking.ParetoScan, out: str | Path, *, title: str = "") -> Path:
+    """Write the plot of a :func:`nas.tracking.pareto_scan` made with ``keep_points=True`` to the PNG
+    file ``out`` (written to a temporary sibling, then moved into place); returns its path.
+
+    Raises:
+        ValueError: the scan kept no points although it matched runs, or has not two objectives.
+    """
+    if scan.scanned and not scan.points:
+        raise ValueError("this Pareto scan kept no points; call pareto_scan(..., keep_points=True)")
+    flags = tracking.pareto_mask(scan.points, [o.maximize for o in scan.objectives])
+    png = pareto_png(scan.points, flags, scan.objectives, title=title)
+    return _atomic_write_bytes(Path(out), png)
+
+
+def log_pareto_plot(experiment: str, sweep_id: str, parent_run_id: str) -> str | None:
+    """Plot the FINISHED trials of sweep ``sweep_id`` in ``experiment`` (the objectives of
+    :func:`nas.tracking.sweep_objectives`, BLEU against latency_ms by default) and log the PNG as
+    artifact ``pareto.png`` of the parent run ``parent_run_id``.
+
+    Returns the artifact path, or None (nothing logged) when the sweep has no finished trial.
+
+    Raises:
+        LookupError: no active experiment named ``experiment``.
+        mlflow.MlflowException: unknown run or store errors.
+    """
+    parent = tracking.get_client().get_run(parent_run_id)
+    objectives = tracking.sweep_objectives(parent)
+    scan = tracking.pareto_scan(experiment, objectives, sweep_id=sweep_id, keep_points=True)
+    if not scan.scanned:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_pareto_plot(scan, Path(tmp) / PARETO_PLOT,
+                                 title=f"sweep {sweep_id}: {len(scan.front)} of {scan.scanned} trials on the front")
+        tracking.log_file_artifact(parent_run_id, path)
+    return PARETO_PLOT

@@ -1,0 +1,238 @@
+"""Leaderboard filters, paging, the Pareto front and its plot, against a real MLflow store (SQLite)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+from typer.testing import CliRunner
+
+from nas import tracking
+from nas.cli import app
+from nas.plots import PARETO_PLOT, log_pareto_plot, pareto_png
+from nas.tracking import DEFAULT_OBJECTIVES, Objective, pareto_mask
+from tests.test_tracking import EXP, _empty_db, mlflow_uri, populated  # noqa: F401 (fixtures)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _brute_force_front(points, maximize):
+    """O(n^2) reference: i is on the front iff it is complete and no complete j dominates it."""
+    def ok(p):
+        return all(v is not None and not math.isnan(v) for v in p)
+
+    def better_eq(a, b, up):
+        return a >= b if up else a <= b
+
+    def dominates(a, b):
+        return (all(better_eq(x, y, up) for x, y, up in zip(a, b, maximize))
+                and any(x != y for x, y in zip(a, b)))
+
+    return [ok(p) and not any(ok(q) and dominates(q, p) for q in points) for p in points]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pareto_mask_matches_brute_force_on_random_points_with_ties_and_gaps(seed):
+    rng = random.Random(seed)
+    for n in (0, 1, 2, 7, 60):
+        for k in (1, 2, 3):
+            maximize = [rng.random() < 0.5 for _ in range(k)]
+            points = []
+            for _ in range(n):
+                p = [float(rng.randint(0, 5)) for _ in range(k)]  # few values: many ties and duplicates
+                if rng.random() < 0.1:
+                    p[rng.randrange(k)] = rng.choice([None, math.nan])
+                points.append(p)
+            assert pareto_mask(points, maximize) == _brute_force_front(points, maximize), (points, maximize)
+
+
+def test_pareto_mask_bleu_up_latency_down_keeps_duplicates_and_rejects_bad_points():
+    #          t1          t2          t3          t4          t3 again
+    points = [(20, 30), (25, 50), (22, 10), (18, 20), (22, 10)]
+    assert pareto_mask(points, [True, False]) == [False, True, True, False, True]
+    assert pareto_mask([(1, None), (0, 5)], [True, False]) == [False, True]
+    with pytest.raises(ValueError, match="point 1 has 1 values, expected 2"):
+        pareto_mask([(1, 2), (3,)], [True, False])
+    with pytest.raises(ValueError, match="at least one objective"):
+        pareto_mask([(1,)], [])
+
+
+def test_status_filter_selects_failed_running_or_all(populated):
+    ids = {v: k for k, v in populated.items()}
+
+    def names(**kw):
+        return {ids[r.run_id] for r in tracking.leaderboard(EXP, top=100, **kw)}
+
+    assert names(status="FAILED") == {"failed"}
+    assert names(status="RUNNING") == {"running"}
+    assert names(status="all") == {"t1", "t2", "t3", "t4", "failed", "running", "b1"}  # never the supernet
+    assert names() == {"t1", "t2", "t3", "t4", "b1"}
+    with pytest.raises(ValueError, match="unknown status 'DONE'"):
+        tracking.leaderboard(EXP, status="DONE")
+
+
+def test_where_constraints_filter_in_the_store_and_bad_ones_are_named(populated):
+    ids = {v: k for k, v in populated.items()}
+    rows = tracking.leaderboard(EXP, top=100, where=["latency_ms<=30"])
+    assert [ids[r.run_id] for r in rows] == ["t3", "t1", "t4"]  # by BLEU
+    rows = tracking.leaderboard(EXP, top=100, where=["latency_ms <= 30", "bleu>19", "chrf != 48"])
+    assert [ids[r.run_id] for r in rows] == ["t1"]
+    assert tracking.leaderboard(EXP, where=["params_m==50"])[0].run_id == populated["b1"]
+    with pytest.raises(ValueError, match=r"bad constraint 'latency_ms<<40': expected METRIC OP NUMBER"):
+        tracking.leaderboard(EXP, where=["latency_ms<<40"])
+    with pytest.raises(ValueError, match=r"unknown metric 'latncy_ms'; expected one of bleu"):
+        tracking.leaderboard(EXP, where=["latncy_ms<=40"])
+    with pytest.raises(ValueError, match=r"bad constraint 'bleu>=abc': expected METRIC OP NUMBER"):
+        tracking.leaderboard(EXP, where=["bleu>=abc"])
+    with pytest.raises(ValueError, match=r"'1e999' is not a finite number"):
+        tracking.leaderboard(EXP, where=["bleu>=1e999"])
+
+
+@pytest.fixture
+def search_calls(monkeypatch):
+    """Counts the real MlflowClient.search_runs calls and the max_results each asked for."""
+    calls = []
+    original = MlflowClient.search_runs
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[3] if len(args) > 3 else kwargs.get("max_results"))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(MlflowClient, "search_runs", counting)
+    return calls
+
+
+def test_top_stops_paging_once_found_and_the_front_scans_every_page(populated, search_calls):
+    rows = tracking.leaderboard(EXP, top=2, page_size=1)
+    assert [r.run_id for r in rows] == [populated["b1"], populated["t2"]]
+    assert search_calls == [1, 1]  # two pages of one run, then stop: 3 more trials are never fetched
+    search_calls.clear()
+    assert len(tracking.leaderboard(EXP, top=3, page_size=2)) == 3
+    assert search_calls == [2, 1]
+    search_calls.clear()
+    scan = tracking.pareto_scan(EXP, DEFAULT_OBJECTIVES, top=1, page_size=2)
+    assert scan.scanned == 5 and len(search_calls) == 3  # pages of 2, 2, 1
+    assert [r.run_id for r in scan.rows] == [populated["b1"]]
+
+
+@pytest.fixture
+def many_trials(mlflow_uri):
+    """60 finished trials of sweep S with random BLEU/latency/params (ties included)."""
+    client = tracking.get_client()
+    tracking.start_run(EXP, "sweep-s", role="sweep", tags={"nas.sweep_id": "S"})
+    exp_id = tracking.ensure_experiment(EXP)
+    rng = random.Random(7)
+    values = {}
+    for i in range(60):
+        run_id = client.create_run(exp_id, tags={"nas.role": "trial", "nas.sweep_id": "S",
+                                                 "nas.arch_summary": f"a{i}"}).info.run_id
+        m = {"bleu": float(rng.randint(10, 25)), "latency_ms": float(rng.randint(5, 60)),
+             "params_m": float(rng.randint(1, 9))}
+        client.log_batch(run_id, metrics=[Metric(k, v, 0, 0) for k, v in m.items()])
+        client.set_terminated(run_id)
+        values[run_id] = m
+    return values
+
+
+@pytest.mark.parametrize("objectives", ["bleu:max,latency_ms:min", "bleu:max,latency_ms:min,params_m:min",
+                                        "latency_ms:min,params_m:max"])
+def test_paged_front_equals_the_brute_force_front_of_all_runs(many_trials, objectives):
+    objs = tracking.parse_objectives(objectives)
+    ids = list(many_trials)
+    points = [[many_trials[i][o.metric] for o in objs] for i in ids]
+    expected = {i for i, on in zip(ids, _brute_force_front(points, [o.maximize for o in objs])) if on}
+    scan = tracking.pareto_scan(EXP, objs, top=5, sweep_id="S", page_size=7, keep_points=True)
+    assert {r.run_id for r in scan.front} == expected and all(r.pareto for r in scan.front)
+    assert scan.scanned == 60 and sorted(scan.points) == sorted(map(tuple, points))
+    first = objs[0]
+    best = sorted(ids, key=lambda i: many_trials[i][first.metric], reverse=first.maximize)[:5]
+    assert [many_trials[r.run_id][first.metric] for r in scan.rows] == [many_trials[i][first.metric] for i in best]
+    assert all(r.pareto == (r.run_id in expected) for r in scan.rows)
+    assert [getattr(r, first.metric) for r in scan.front] == sorted(
+        (getattr(r, first.metric) for r in scan.front), reverse=first.maximize)
+
+
+def test_parse_objectives_names_the_bad_item():
+    assert tracking.parse_objectives("bleu:max, latency_ms:minimize") == DEFAULT_OBJECTIVES
+    with pytest.raises(ValueError, match="bad objective 'bleu' in 'bleu'"):
+        tracking.parse_objectives("bleu")
+    with pytest.raises(ValueError, match="unknown metric 'speed'"):
+        tracking.parse_objectives("bleu:max,speed:min")
+    with pytest.raises(ValueError, match="'bleu' appears twice"):
+        tracking.parse_objectives("bleu:max,bleu:min")
+
+
+def test_cli_leaderboard_marks_the_front_filters_and_writes_the_plot(populated, tmp_path):
+    runner = CliRunner()
+    png = tmp_path / "plots" / "front.png"
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--sweep", "A", "--pareto", "--where",
+                                 "latency_ms<=45", "--plot", str(png), "--page-size", "2"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    cells = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.count("│") > 8]
+    marked = {c[2] for c in cells if c[-1] == "*"}
+    assert marked == {"arch-t3"}  # t2 (latency 50) is filtered out, so t3 dominates t1 and t4
+    assert "front" in result.stdout and "1 of 3 matching trials" in result.stdout
+    assert png.read_bytes().startswith(PNG_MAGIC) and list(png.parent.iterdir()) == [png]
+
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--pareto", "--status", "all",
+                                 "--format", "json", "--out", str(tmp_path / "lb.json")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rows = {r["run_id"]: r["pareto"] for r in json.loads((tmp_path / "lb.json").read_text())}
+    # over every status the failed trial (BLEU 99, 1 ms) dominates all others, the running one (98, 2 ms) too
+    assert len(rows) == 7 and {k for k, v in rows.items() if v} == {populated["failed"]}
+
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--where", "latency<=3"])
+    assert result.exit_code == 2 and "bad constraint 'latency<=3': unknown metric 'latency'" in result.stderr
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--plot", str(tmp_path / "x.png"),
+                                 "--objectives", "bleu:max"])
+    assert result.exit_code == 2 and "--plot needs exactly two objectives" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_sweep_objectives_come_from_the_tag_then_the_yaml_artifact(populated, tmp_path):
+    client = tracking.get_client()
+    sweep = tracking.find_sweep_run("A", EXP)
+    assert tracking.sweep_objectives(sweep) == DEFAULT_OBJECTIVES  # no YAML logged
+    yaml_file = tmp_path / "a.yaml"
+    yaml_file.write_text("search:\n  metrics: [{name: chrf, goal: maximize}, {name: params_m, goal: minimize}]\n")
+    tracking.log_file_artifact(sweep.info.run_id, yaml_file)
+    assert tracking.sweep_objectives(sweep) == (Objective("chrf", True), Objective("params_m", False))
+    client.set_tag(sweep.info.run_id, "nas.objectives", "bleu:max,params_m:min")
+    assert tracking.sweep_objectives(client.get_run(sweep.info.run_id)) == (
+        Objective("bleu", True), Objective("params_m", False))
+    with pytest.raises(LookupError, match="no sweep with nas.sweep_id 'Z'"):
+        tracking.find_sweep_run("Z")
+
+
+def test_log_pareto_plot_logs_a_png_to_the_sweep_parent_run(populated):
+    client = tracking.get_client()
+    parent = tracking.find_sweep_run("A", EXP).info.run_id
+    assert log_pareto_plot(EXP, "A", parent) == PARETO_PLOT
+    assert PARETO_PLOT in [a.path for a in client.list_artifacts(parent)]
+    from pathlib import Path
+
+    data = Path(client.download_artifacts(parent, PARETO_PLOT)).read_bytes()
+    from PIL import Image
+    import io
+
+    assert data.startswith(PNG_MAGIC) and Image.open(io.BytesIO(data)).size == (640, 440)
+    empty = tracking.start_run(EXP, "sweep-e", role="sweep", tags={"nas.sweep_id": "E"})
+    assert log_pareto_plot(EXP, "E", empty) is None and client.list_artifacts(empty) == []
+
+
+def test_pareto_png_draws_front_and_rest_in_different_colours():
+    from PIL import Image
+    import io
+
+    png = pareto_png([(20, 30), (25, 50), (22, 10), (None, 5)], [False, True, True, False], DEFAULT_OBJECTIVES)
+    colours = {c for _, c in Image.open(io.BytesIO(png)).convert("RGB").getcolors(1 << 20)}
+    assert (214, 39, 40) in colours  # matplotlib's tab:red marks the front
+    assert (153, 153, 153) in colours  # grey "0.6" for the dominated trial
+    with pytest.raises(ValueError, match="exactly two objectives"):
+        pareto_png([(1, 2, 3)], [True], [Objective("bleu", True)] * 3)
