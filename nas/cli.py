@@ -41,27 +41,76 @@ def _load(file: Path, check_files: bool = True):
 
 
 @app.command()
-def sweep(file: Path = typer.Argument(..., help="Sweep YAML (search_spaces/*.yaml)."),
-          address: Optional[str] = typer.Option(None, help="Ray cluster address (auto or ray://HOST:10001).")) -> None:
-    """Train the supernet (or reuse a trained one) and run the Optuna search; prints the leaderboard."""
-    spec = _load(file)
+def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_spaces/*.yaml); optional with --resume/--status."),
+          address: Optional[str] = typer.Option(None, help="Ray cluster address (auto or ray://HOST:10001)."),
+          resume: Optional[str] = typer.Option(None, "--resume", metavar="NAME",
+                                               help="Continue the sweep NAME (error if it never started); without FILE "
+                                                    "it reads the YAML copy saved when it started."),
+          status: Optional[str] = typer.Option(None, "--status", metavar="NAME",
+                                               help="Print sweep NAME's trial counts by state in Optuna, Ray Tune and "
+                                                    "MLflow, then exit."),
+          workdir: Path = typer.Option(Path("nas_runs"), help="Where --resume/--status NAME look without FILE "
+                                                               "(the YAML's workdir).")) -> None:
+    """Train the supernet (or reuse a trained one) and run the Optuna search; prints the leaderboard.
+
+    Running it again continues the sweep named by the YAML's `name` (after a crash or a kill): finished trials are kept, unfinished ones run again, nothing is duplicated.
+
+    Exit codes: 0 done, 1 every trial failed (the errors are listed), 2 bad input.
+    """
+    if resume and status:
+        _fail("pass --resume NAME or --status NAME, not both")
+    spec = _spec_for(file, resume or status, workdir, check_files=not status)
     from nas import tracking
     from nas.data import DataError
-    from nas.search import run_sweep
+    from nas.search import SweepFailed, run_sweep, sweep_status
     from nas.space.spec import SpecError
 
+    if status:
+        try:
+            out.print("\n".join(sweep_status(spec).lines()), highlight=False, soft_wrap=True)
+        except (LookupError, SpecError) as e:
+            _fail(str(e))
+        return
     try:
-        result = run_sweep(spec, file, address=address)
+        result = run_sweep(spec, file or spec.run_dir / "sweep.yaml", address=address, resume=bool(resume))
     except (SpecError, DataError, ValueError) as e:
         _fail(str(e))
+    except SweepFailed as e:
+        _fail(str(e), code=1)
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
     m = result.supernet_metrics
     out.print(f"supernet: widest sub-Transformer BLEU {m.get('widest_bleu', float('nan')):.2f} "
               f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
-              f"trials completed {result.trials_completed}, failed {result.trials_failed}")
+              f"trials completed {result.trials_completed}, failed {result.trials_failed}"
+              + (" (resumed)" if result.resumed else ""))
     out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at {tracking.tracking_uri()}")
+
+
+def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True):
+    """The spec of ``file`` (whose name must be ``name`` if given), else of sweep ``name`` in ``workdir``:
+    the YAML copy saved when it started, read from the folder it started in."""
+    if file is not None:
+        spec = _load(file, check_files=check_files)
+        if name and spec.name != name:
+            _fail(f"{file}: name is {spec.name!r}, not {name!r}; pass the YAML of sweep {name!r} or leave FILE out")
+        return spec
+    if not name:
+        _fail("pass a sweep YAML (nas sweep FILE), or --resume NAME / --status NAME")
+    from nas.search.runner import SPEC_COPY, read_sweep_record
+    from nas.space.spec import SpecError
+
+    try:
+        record = read_sweep_record(workdir / name)
+    except SpecError as e:
+        _fail(str(e))
+    if record is None:
+        _fail(f"no sweep named {name!r} in {workdir} (no {workdir / name / 'sweep.json'}); pass its YAML "
+              f"(nas sweep FILE --resume {name}) or --workdir DIR")
+    copy = (workdir / name / SPEC_COPY).resolve()
+    os.chdir(record.cwd)  # relative data paths and the default sqlite:///mlflow.db resolve where it started
+    return _load(copy, check_files=check_files)
 
 
 @app.command()
@@ -161,6 +210,32 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     except ValueError as e:
         _fail(str(e))
     out.print(f"wrote {len(rows)} rows to {path}")
+
+
+@app.command()
+def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id tag; `nas sweep` prints it)."),
+           fmt: str = typer.Option("html", "--format", help="html (one self-contained file) | md (+ a PNG beside it)"),
+           out_file: Optional[Path] = typer.Option(None, "--out", help="Report file (default: report-<SWEEP>.<format>)."),
+           experiment: Optional[str] = typer.Option(None, help="MLflow experiment of the sweep (default: any)."),
+           top: int = typer.Option(10, min=1, help="Rows in the best sub-Transformers table."),
+           storage: Optional[str] = typer.Option(None, help="Optuna storage: journal file or database URL (default: "
+                                                 "the sweep's nas.optuna_storage tag, else <run dir>/optuna.journal)."),
+           study: Optional[str] = typer.Option(None, help="Optuna study name (default: the sweep id, or the only one).")) -> None:
+    """Write a sweep's report: best sub-Transformers, the Pareto front and Optuna's parameter importances."""
+    from nas.report import FORMATS, build_report, write_report
+
+    if fmt not in FORMATS:
+        _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    try:
+        rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study)
+    except (LookupError, ValueError) as e:
+        _fail(str(e))
+    paths = write_report(rep, out_file or Path(f"report-{sweep_id}.{fmt}"), fmt)
+    out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
+              f"front ({', '.join(map(str, rep.objectives))})", highlight=False)
+    if rep.importance_error:
+        err.print(f"[yellow]warning:[/yellow] parameter importances not computed: {escape(rep.importance_error)}",
+                  highlight=False)
 
 
 def _latest_experiment() -> str:
