@@ -240,6 +240,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                     if main and not show:
                         print(f"step {state['step']}/{tr.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
                               f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
+                    if world > 1:  # checked equal across ranks by nas.search.ddp.ReportSink
+                        metrics.update(_param_sums(model))
                     emit({**metrics, "step": state["step"]})
                 else:
                     bar.update(task, completed=state["step"])
@@ -269,7 +271,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     checkpoint()
     if main:
         atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
-    emit({**state["final"], "step": state["step"]})
+    emit({**state["final"], **(_param_sums(model) if world > 1 else {}), "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
 
 
@@ -279,6 +281,13 @@ def _dist_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _param_sums(model: torch.nn.Module) -> dict[str, float]:
+    """float64 sum of all parameters and of their squares (equal on every data-parallel rank in sync)."""
+    with torch.no_grad():
+        params = [p.detach().double() for p in model.parameters()]
+        return {"param_sum": float(sum(p.sum() for p in params)), "param_sq": float(sum(p.square().sum() for p in params))}
 
 
 def _shard(batch: Batch, rank: int, world: int) -> Batch | None:

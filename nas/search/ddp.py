@@ -1,0 +1,130 @@
+"""Data-parallel supernet training with Ray Train's ``TorchTrainer`` (N workers, gloo on CPUs, NCCL on GPUs).
+
+Each worker runs :func:`trainers.train_supernet` inside the process group Ray Train sets up. The
+loop itself is data-parallel (see its docstring): every rank samples the same sub-Transformers (one
+RNG seeded identically), takes rows ``rank::world`` of each batch, and the gradients are summed
+with one all-reduce per step, so a step equals the single-process step on the whole batch. Only
+rank 0 writes checkpoints and the supernet; a restarted worker group resumes from them
+(``max_failures``). Every report carries ``param_sum`` and ``param_sq`` (float64 sums of the
+parameters and of their squares) from each rank; :class:`ReportSink`, on the Ray Train
+controller, refuses to go on when the ranks disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ray.train.v2.api.callback import UserCallback
+
+from nas.data import PreparedData
+from nas.space.spec import SweepSpec
+
+__all__ = ["train_supernet_ddp", "ReportSink", "OutOfSyncError"]
+
+
+class OutOfSyncError(RuntimeError):
+    """Data-parallel workers hold different parameters."""
+
+
+class ReportSink(UserCallback):
+    """Ray Train controller callback: checks that every rank reports the same parameters, writes each
+    report (all ranks) as a JSON line to ``log_file`` and rank 0's metrics to an MLflow run.
+
+    Args:
+        log_file: JSON-lines file, one line per report: ``{"ranks": [metrics of rank 0, 1, ...]}``.
+        mlflow_uri, mlflow_run_id: where rank 0's metrics go (both or neither).
+    Raises:
+        OutOfSyncError: from :meth:`after_report`, when the ranks' ``param_sum``/``param_sq`` differ.
+    """
+
+    def __init__(self, log_file: str | Path | None = None, mlflow_uri: str | None = None,
+                 mlflow_run_id: str | None = None) -> None:
+        self.log_file = str(log_file) if log_file else None
+        self.mlflow_uri, self.mlflow_run_id = mlflow_uri, mlflow_run_id
+
+    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+        check_in_sync(metrics)
+        if self.log_file:
+            with open(self.log_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"ranks": metrics}) + "\n")
+        if self.mlflow_run_id:
+            from mlflow import MlflowClient
+            from mlflow.entities import Metric
+
+            first = metrics[0]
+            ts, step = int(time.time() * 1000), int(first.get("step", 0))
+            batch = [Metric(k, float(v), ts, step) for k, v in first.items()
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if batch:
+                MlflowClient(self.mlflow_uri).log_batch(self.mlflow_run_id, metrics=batch)
+
+
+def check_in_sync(metrics: list[dict[str, Any]]) -> None:
+    """Raise :class:`OutOfSyncError` unless every rank's ``param_sum`` and ``param_sq`` equal rank 0's."""
+    keys = ("param_sum", "param_sq")
+    first = tuple(metrics[0].get(k) for k in keys)
+    for rank, m in enumerate(metrics[1:], 1):
+        other = tuple(m.get(k) for k in keys)
+        if other != first:
+            raise OutOfSyncError(f"data-parallel rank {rank} holds other parameters than rank 0 at step "
+                                 f"{m.get('step')}: (sum, sum of squares) {other} vs {first}")
+
+
+def _worker(config: dict[str, Any]) -> None:
+    """Ray Train worker: the supernet loop in this rank's process group."""
+    import ray.train
+    import torch
+    from ray.train.torch import get_device
+
+    from trainers import train_supernet
+
+    torch.set_num_threads(max(1, int(config["threads"])))
+    train_supernet(config["spec"], config["data"], config["out_dir"], report=ray.train.report, progress=False,
+                   device=get_device())
+
+
+def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, storage_path: str | Path,
+                       name: str = "supernet-ddp", log_file: str | Path | None = None,
+                       mlflow_uri: str | None = None, mlflow_run_id: str | None = None,
+                       max_failures: int = 0) -> dict[str, Any]:
+    """Train the sweep's supernet with ``spec.resources.workers`` data-parallel Ray Train workers.
+
+    Needs a running Ray (``ray.init``). Each worker gets ``resources.cpu`` CPUs and, when
+    ``resources.gpu`` > 0, a GPU (NCCL); without GPUs the backend is gloo.
+
+    Args:
+        spec, data: the sweep and its prepared corpus.
+        out_dir: the supernet folder (shared by the workers: a shared filesystem on a multi-node cluster).
+        storage_path: Ray Train's run folder (a local path or URI).
+        log_file, mlflow_uri, mlflow_run_id: see :class:`ReportSink`.
+        max_failures: worker-group restarts (each resumes from the last checkpoint in ``out_dir``).
+    Returns:
+        The final metrics of :func:`trainers.train_supernet` (rank 0's ``metrics.json``).
+    Raises:
+        ray.train.TrainingFailedError: a worker failed more than ``max_failures`` times, or the ranks
+            went out of sync (:class:`OutOfSyncError`).
+    """
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    res = spec.resources
+    use_gpu = res.gpu > 0
+    out_dir = Path(out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trainer = TorchTrainer(
+        _worker,
+        train_loop_config={"spec": spec, "data": data, "out_dir": str(out_dir), "threads": res.cpu},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=res.workers, use_gpu=use_gpu,
+                                     resources_per_worker={"CPU": res.cpu, **({"GPU": res.gpu} if use_gpu else {})}),
+        run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()) if "://" not in str(storage_path)
+                             else str(storage_path),
+                             callbacks=[ReportSink(log_file, mlflow_uri, mlflow_run_id)],
+                             failure_config=FailureConfig(max_failures=max_failures)),
+    )
+    trainer.fit()
+    return json.loads((out_dir / "metrics.json").read_text())
+
