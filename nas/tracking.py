@@ -244,6 +244,69 @@ def end_run(run_id: str, status: str = "FINISHED") -> None:
     get_client().set_terminated(run_id, status)
 
 
+TAG_STAGE = "nas.stage"
+STAGE_NAMES = {1: "joint", 2: "word_distill", 3: "seq_distill"}
+
+
+class StageRuns:
+    """Routes supernet-training reports to one nested MLflow run per training stage (Scalable Transformers sec. 3.3).
+
+    Every report goes to the supernet run; a report with ``stage`` (1, 2, 3) also goes to that stage's
+    child run ``stage N (name)`` (role ``stage``, tag ``nas.stage``), created at its first report or,
+    after a restart, found again under the same supernet run. A report with ``stage_end`` (the
+    reference sub-Transformers' BLEU/chrF, :func:`trainers.train_supernet`) is logged to the stage run,
+    which then ends FINISHED, and to the supernet run with a ``stage{N}_`` prefix.
+
+    Raises:
+        mlflow.MlflowException: from the store.
+    """
+
+    def __init__(self, experiment: str, supernet_run_id: str, tags: Mapping[str, str] | None = None) -> None:
+        self.experiment, self.parent = experiment, supernet_run_id
+        self.tags = dict(tags or {})
+        self.open: dict[int, str] = {}
+
+    def __call__(self, metrics: Mapping[str, float]) -> None:
+        """Log one report (its ``step`` key is the MLflow step)."""
+        step = int(metrics.get("step", 0))
+        stage = metrics.get("stage")
+        values = {k: v for k, v in metrics.items() if k not in ("step", "stage_end")}
+        if stage is None:
+            log_metrics(self.parent, values, step)
+            return
+        n = int(stage)
+        end = bool(metrics.get("stage_end"))
+        log_metrics(self.parent, {f"stage{n}_{k}": v for k, v in values.items() if k != "stage"} if end else values,
+                    step)
+        run = self._run(n)
+        log_metrics(run, values, step)
+        if end:
+            end_run(run)
+            self.open.pop(n, None)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """End the stage runs still open (``FAILED``/``KILLED`` when training stopped early)."""
+        for run in self.open.values():
+            end_run(run, status)
+        self.open.clear()
+
+    def _run(self, n: int) -> str:
+        if n not in self.open:
+            client = get_client()
+            found = client.search_runs([client.get_run(self.parent).info.experiment_id],
+                                       " AND ".join(_filter(**{TAG_PARENT: self.parent, TAG_STAGE: str(n)})),
+                                       ViewType.ACTIVE_ONLY, 1)
+            if found:
+                run_id = found[0].info.run_id
+                if found[0].info.status != "RUNNING":
+                    client.update_run(run_id, status="RUNNING")
+            else:
+                run_id = start_run(self.experiment, f"stage {n} ({STAGE_NAMES.get(n, '?')})", role="stage",
+                                   parent_run_id=self.parent, tags={**self.tags, TAG_STAGE: str(n)})
+            self.open[n] = run_id
+        return self.open[n]
+
+
 # --------------------------------------------------------------------------- resume
 
 TAG_OPTUNA_TRIAL = "nas.optuna_trial"
