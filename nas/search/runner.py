@@ -1,36 +1,61 @@
 """A sweep end to end: data -> supernet training trial -> Optuna search trials, tracked in MLflow.
 
-Ray Tune runs both stages. The search stage uses Ray's ``OptunaSearch`` with a
-define-by-run space built from the YAML, the sampler named in ``search.method``, and an
-Optuna study kept in a journal file under the sweep's folder.
+Ray Tune runs both stages. The search stage uses :class:`~nas.search.searcher.DurableOptunaSearch`
+over a define-by-run space built from the YAML, the sampler named in ``search.method``, and an Optuna
+study kept in durable storage (a journal file under the sweep's folder, or PostgreSQL).
+
+A sweep is identified by its YAML ``name``: ``<workdir>/<name>/sweep.json`` (written once, atomically,
+when the sweep first starts) holds its id, and running ``nas sweep`` again after the driver was killed
+continues it: the Optuna study is loaded, the Ray Tune experiments are restored
+(``Tuner.restore``), and MLflow runs are reused (runs left RUNNING by the killed driver are ended
+as KILLED first, and reopened when their trial runs again). A lock file keeps two drivers off one sweep.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pickle
+import tempfile
 import time
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 import ray
 from ray import tune
-from ray.tune.search import ConcurrencyLimiter
-from ray.tune.search.optuna import OptunaSearch
 from rich.console import Console
 
 from nas import tracking
 from nas.data import PreparedData, prepare_data
 from nas.search.callbacks import MlflowTrialCallback
+from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.space import SearchSpace
-from nas.space.spec import SearchSpec, SpecError, SweepSpec
+from nas.space.spec import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
-__all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "make_sampler"]
+__all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus",
+           "make_sampler", "sweep_status", "read_sweep_record", "study_ref"]
 
 console = Console(stderr=True)
+
+SWEEP_FILE = "sweep.json"
+"""The sweep's identity, under ``<workdir>/<name>/`` (see :class:`SweepRecord`)."""
+SPEC_COPY = "sweep.yaml"
+"""The YAML as it was when the sweep started (``nas sweep --resume NAME`` reads it)."""
+LOCK_FILE = "sweep.lock"
+_SETTINGS = ("space", "search", "tracking")
+"""Sections a resumed sweep must share with the one that started (the supernet has its own fingerprint)."""
+
+
+class SweepFailed(RuntimeError):
+    """Every search trial failed (or the supernet training did); the message lists the errors."""
 
 
 @dataclass(frozen=True)
@@ -42,17 +67,25 @@ class SweepResult:
     supernet_metrics: dict[str, float]
     trials_completed: int
     trials_failed: int
+    resumed: bool = False
+    """Whether this driver continued a sweep that an earlier driver started."""
 
 
-def make_sampler(search: SearchSpec) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler named by ``search.method`` (TPE is multivariate and multi-objective in Optuna 5)."""
-    samplers = {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=search.seed),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=search.seed),
-        "gp": lambda: optuna.samplers.GPSampler(seed=search.seed),
-        "random": lambda: optuna.samplers.RandomSampler(seed=search.seed),
-    }
-    return samplers[search.method]()
+@dataclass(frozen=True)
+class SweepRecord:
+    """``<workdir>/<name>/sweep.json``: written once, when the sweep first starts."""
+
+    sweep_id: str
+    """``<name>-<start time>``: the MLflow ``nas.sweep_id`` tag and the Optuna study name."""
+    name: str
+    created: str
+    """Start time, ISO 8601 local time."""
+    spec_file: str
+    """The YAML the sweep started from (absolute path); a copy is ``sweep.yaml`` beside this file."""
+    cwd: str
+    """The working folder it started in (relative data paths and ``sqlite:///mlflow.db`` resolve there)."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """The ``space``, ``search`` and ``tracking`` sections it started with."""
 
 
 def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
@@ -62,6 +95,111 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
                         Path(d.cache_dir).resolve(),  # absolute: Ray trials run in their own folders
                         max_train_pairs=d.max_train_pairs, max_valid_pairs=d.max_valid_pairs, max_len=d.max_len,
                         seed=spec.train.seed, progress=progress)
+
+
+def study_ref(spec: SweepSpec, sweep_id: str) -> StudyRef:
+    """Where the sweep's Optuna study lives (``tracking.optuna_storage``, else the journal file)."""
+    return StudyRef(study_name=sweep_id, journal=spec.run_dir.resolve() / "optuna.journal",
+                    storage_url=spec.tracking.optuna_storage)
+
+
+# --------------------------------------------------------------------------- identity
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _settings(spec: SweepSpec) -> dict[str, Any]:
+    return {"space": spec.space.model_dump(mode="json", exclude_none=True),
+            "search": spec.search.model_dump(mode="json"), "tracking": spec.tracking.model_dump(mode="json")}
+
+
+def read_sweep_record(run_dir: Path) -> SweepRecord | None:
+    """The sweep's record in ``run_dir`` (``<workdir>/<name>``), or None before its first start.
+
+    Raises:
+        SpecError: ``sweep.json`` exists but does not parse (names the file and the fix).
+    """
+    path = Path(run_dir) / SWEEP_FILE
+    if not path.is_file():
+        return None
+    try:
+        return SweepRecord(**json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as e:
+        raise SpecError(f"{path}: unreadable sweep record ({e}); move the folder {run_dir} away to start "
+                        "the sweep afresh") from None
+
+
+def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Differences ``key: old, now new``; keys the old record lacks (fields added since) are not compared."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [c for k in sorted(old) for c in _changed(old[k], new.get(k), f"{prefix}{k}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} when the sweep started, now {new!r}"]
+
+
+def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -> tuple[SweepRecord, bool]:
+    """Load the sweep's record (checking that the YAML did not change) or write it; returns (record, resumed).
+
+    Raises:
+        SpecError: ``must_exist`` and there is no record, or the space/search/tracking sections changed.
+    """
+    run_dir = spec.run_dir.resolve()
+    record = read_sweep_record(run_dir)
+    if record is None:
+        if must_exist:
+            raise SpecError(f"no sweep named {spec.name!r} to resume: {run_dir / SWEEP_FILE} does not exist; "
+                            f"start it with `nas sweep FILE`")
+        record = SweepRecord(sweep_id=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", name=spec.name,
+                             created=time.strftime("%Y-%m-%dT%H:%M:%S"), spec_file=str(Path(spec_path).resolve()),
+                             cwd=str(Path.cwd()), settings=_settings(spec))
+        _write_atomic(run_dir / SPEC_COPY, Path(spec_path).read_text(encoding="utf-8"))
+        _write_atomic(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
+        return record, False
+    changes = _changed(record.settings, _settings(spec))
+    if changes:
+        raise SpecError(f"{spec_path}: sweep {spec.name!r} (started {record.created} from {record.spec_file}) "
+                        f"continues with the settings it started with, but: {'; '.join(changes)}. Restore those "
+                        f"values, or give the YAML a new name to start another sweep")
+    return record, True
+
+
+@contextlib.contextmanager
+def _sweep_lock(run_dir: Path, name: str) -> Iterator[None]:
+    """Hold ``<run_dir>/sweep.lock`` (``flock``; the kernel releases it when the driver dies).
+
+    Raises:
+        SpecError: another driver holds it (names its pid).
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise SpecError(f"sweep {name!r} is already running (driver pid {pid}, lock {path}); wait for it, "
+                            "or stop that process and run the command again to resume") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+# --------------------------------------------------------------------------- Ray
 
 
 def _init_ray(spec: SweepSpec, address: str | None) -> bool:
@@ -81,49 +219,121 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
     return True
 
 
-def _fit(trainable, resources: dict[str, float], tune_config: tune.TuneConfig, name: str, storage: Path,
-         callback: MlflowTrialCallback) -> tune.ResultGrid:
-    tuner = tune.Tuner(tune.with_resources(trainable, resources), tune_config=tune_config,
-                       run_config=tune.RunConfig(name=name, storage_path=str(storage.resolve()), callbacks=[callback],
-                                                 verbose=0))
-    return tuner.fit()
+def _restorable(exp_dir: Path) -> bool:
+    """Whether ``exp_dir`` holds a Ray Tune experiment to restore.
+
+    An experiment-state file cut short by the kill is moved aside (``*.corrupt``) so that Ray restores
+    from the previous one; without any readable state file the experiment starts afresh in the same folder.
+    """
+    if not tune.Tuner.can_restore(str(exp_dir)):
+        return False
+    try:
+        pickle.loads((exp_dir / "tuner.pkl").read_bytes())
+    except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
+        console.print(f"[yellow]{exp_dir / 'tuner.pkl'} is unreadable ({type(e).__name__}); starting the "
+                      "Ray Tune experiment afresh[/yellow]")
+        return False
+    states = sorted(exp_dir.glob("experiment_state-*.json"))
+    for path in list(states):
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            path.rename(path.with_suffix(".json.corrupt"))
+            states.remove(path)
+            console.print(f"[yellow]moved aside a Ray experiment state cut short by the kill: {path}[/yellow]")
+    return bool(states)
 
 
-def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = None) -> SweepResult:
-    """Run a whole sweep: train (or reuse) the supernet, then ``search.trials`` Optuna trials.
+def _tuner(trainable, exp_dir: Path, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
+    """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``)."""
+    if _restorable(exp_dir):
+        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
+                                  resume_errored=False, restart_errored=restart_errored), True
+    return tune.Tuner(trainable, **new_run), False
+
+
+def _run_config(exp_dir: Path, callbacks: list, max_failures: int) -> tune.RunConfig:
+    return tune.RunConfig(name=exp_dir.name, storage_path=str(exp_dir.parent), callbacks=callbacks,
+                          failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = None,
+              resume: bool = False) -> SweepResult:
+    """Run a whole sweep, or continue it: train (or reuse) the supernet, then ``search.trials`` Optuna trials.
+
+    Args:
+        spec: the validated YAML.
+        spec_path: the YAML file (logged as an artifact of the sweep's parent run).
+        address: a Ray cluster to join (default: start a local one).
+        resume: only continue an existing sweep (error if ``<workdir>/<name>/sweep.json`` is missing).
 
     Raises:
-        SpecError: resources that the Ray cluster cannot provide.
-        RuntimeError: the supernet trial failed, or every search trial failed (with their errors).
+        SpecError: resources that the Ray cluster cannot provide, an unreachable Optuna storage, another
+            driver running the sweep, no sweep to resume, or settings changed since the sweep started.
+        SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
     """
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
     data = prepare_sweep_data(spec)
-    sweep_id = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = spec.run_dir.resolve()
     supernet_dir = run_dir / "supernet"
     check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
-    started_ray = _init_ray(spec, address)
-    experiment = spec.experiment
-    tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
-            "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
-    parent = tracking.start_run(experiment, sweep_id, role="sweep", tags=tags,
-                                params={"yaml": str(spec_path), "search.method": spec.search.method,
-                                        "search.trials": spec.search.trials})
-    tracking.log_file_artifact(parent, spec_path)
-    try:
-        ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir)
-        supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id, run_dir)
-        completed, failed = _search_stage(spec, ctx, experiment, parent, tags, sweep_id, run_dir)
-        tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed, "trials_failed": failed})
-        if completed == 0:
-            raise RuntimeError(f"all {failed} search trials failed; see the Ray logs under {run_dir / 'ray'}")
-        tracking.end_run(parent, "FINISHED")
-    except BaseException:
-        tracking.end_run(parent, "FAILED")
-        raise
-    finally:
-        if started_ray:
-            ray.shutdown()
-    return SweepResult(sweep_id, parent, experiment, supernet_dir, supernet_metrics, completed, failed)
+    with _sweep_lock(run_dir, spec.name):
+        record, resumed = _sweep_record(spec, spec_path, must_exist=resume)
+        sweep_id = record.sweep_id
+        study = study_ref(spec, sweep_id)
+        study.load([("maximize" if m.goal == "maximize" else "minimize") for m in spec.search.metrics])
+        if resumed:
+            console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
+        started_ray = _init_ray(spec, address)
+        experiment = spec.experiment
+        tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
+                "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
+        parent = _parent_run(spec, record, tags, resumed)
+        try:
+            killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
+            if killed:
+                console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
+            ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir, results_dir=run_dir / "trials")
+            supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id, run_dir)
+            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, run_dir)
+            tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed, "trials_failed": failed})
+            if completed == 0:
+                raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
+                                  + "\n".join(f"  trial {n}: {e}" for n, e in errors)
+                                  + f"\nfull tracebacks under {run_dir / 'ray' / 'search'}")
+            tracking.end_run(parent, "FINISHED")
+        except BaseException as e:
+            tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+        finally:
+            if started_ray:
+                ray.shutdown()
+    return SweepResult(sweep_id, parent, experiment, supernet_dir, supernet_metrics, completed, failed, resumed)
+
+
+def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resumed: bool) -> str:
+    """The sweep's parent run: reused (keyed by ``nas.sweep_id``) and reopened, or created."""
+    params = {"yaml": record.spec_file, "search.method": spec.search.method, "search.trials": spec.search.trials}
+    runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_ROLE: "sweep", tracking.TAG_SWEEP_ID: record.sweep_id})
+    if runs:
+        run_id = runs[0].info.run_id
+        if runs[0].info.status != "RUNNING":
+            tracking.reopen_run(run_id)
+        resumes = int(runs[0].data.tags.get("nas.resumes", "0")) + (1 if resumed else 0)
+        tracking.get_client().set_tag(run_id, "nas.resumes", str(resumes))
+        tracking.log_new_params(run_id, params)
+    else:
+        run_id = tracking.start_run(spec.experiment, record.sweep_id, role="sweep", tags=tags, params=params)
+    copy = spec.run_dir.resolve() / SPEC_COPY
+    name = Path(record.spec_file).name
+    if name not in {a.path for a in tracking.get_client().list_artifacts(run_id)}:
+        with tempfile.TemporaryDirectory() as tmp:  # the YAML the sweep started from, under its own name
+            (Path(tmp) / name).write_bytes(copy.read_bytes())
+            tracking.log_file_artifact(run_id, Path(tmp) / name)
+    return run_id
 
 
 def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: str, tags: dict[str, str],
@@ -135,36 +345,130 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     if metrics_file.is_file():
         console.print(f"[green]reusing the trained supernet in {ctx.supernet_dir}[/green]")
         metrics = json.loads(metrics_file.read_text())
-        run = tracking.start_run(experiment, "supernet (reused)", role="supernet", parent_run_id=parent,
-                                 tags={**tags, "nas.reused": "true"}, params=params)
-        tracking.log_metrics(run, metrics)
-        tracking.end_run(run)
+        _finish_supernet_run(experiment, parent, tags, params, metrics)
         return metrics
     console.print(f"[bold]training the supernet[/bold] ({spec.train.steps} steps) -> {ctx.supernet_dir}")
-    callback = MlflowTrialCallback(experiment, parent, "supernet", tags, params)
-    results = _fit(tune.with_parameters(train_trial, ctx=ctx), {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu},
-                   tune.TuneConfig(num_samples=1), f"{sweep_id}-train", run_dir / "ray", callback)
+    callback = MlflowTrialCallback(experiment, sweep_id, "supernet", tags, params)
+    trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
+                                    {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    exp_dir = run_dir / "ray" / "train"
+    tuner, _ = _tuner(trainable, exp_dir, restart_errored=True,  # the trainer resumes from its own checkpoint
+                      tune_config=tune.TuneConfig(num_samples=1),
+                      run_config=_run_config(exp_dir, [callback], spec.search.max_failures))
+    results = tuner.fit()
     if results.errors or not metrics_file.is_file():
-        raise RuntimeError(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
+        raise SweepFailed(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
     return json.loads(metrics_file.read_text())
 
 
-def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: str, tags: dict[str, str],
-                  sweep_id: str, run_dir: Path) -> tuple[int, int]:
-    """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed)."""
+def _finish_supernet_run(experiment: str, parent: str, tags: dict[str, str], params: dict[str, Any],
+                         metrics: dict[str, float]) -> None:
+    """Make sure the sweep has one FINISHED supernet run holding the final metrics (none is duplicated)."""
+    runs = tracking.find_tagged_runs(experiment, {tracking.TAG_PARENT: parent, tracking.TAG_ROLE: "supernet"})
+    if runs and runs[0].info.status == "FINISHED":
+        return
+    if runs:
+        run_id = runs[0].info.run_id
+        tracking.log_new_params(run_id, params)
+    else:
+        run_id = tracking.start_run(experiment, "supernet (reused)", role="supernet", parent_run_id=parent,
+                                    tags={**tags, "nas.reused": "true"}, params=params)
+    tracking.log_metrics(run_id, metrics)
+    tracking.end_run(run_id, "FINISHED")
+
+
+def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str], study: StudyRef,
+                  run_dir: Path) -> tuple[int, int, list[tuple[int, str]]]:
+    """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)])."""
     se = spec.search
-    names = [m.name for m in se.metrics]
-    modes = ["max" if m.goal == "maximize" else "min" for m in se.metrics]
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
-    searcher = OptunaSearch(space=DefineByRun(SearchSpace.from_spec(spec)),
-                            metric=names if len(names) > 1 else names[0], mode=modes if len(modes) > 1 else modes[0],
-                            sampler=make_sampler(se), study_name=sweep_id, storage=storage)
+    searcher = DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se)
+    callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
+    trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx), {"cpu": se.cpu_per_trial})
+    exp_dir = run_dir / "ray" / "search"
+    tuner, restored = _tuner(trainable, exp_dir, restart_errored=False,
+                             tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
+                             run_config=_run_config(exp_dir, callbacks, se.max_failures))
+    done = Counter(t.state.name for t in study.load().get_trials(deepcopy=False))
     console.print(f"[bold]searching[/bold]: {se.trials} trials, {se.max_concurrent} at a time, "
-                  f"{se.method} on {', '.join(names)}")
-    callback = MlflowTrialCallback(experiment, parent, "trial", tags)
-    results = _fit(tune.with_parameters(score_trial, ctx=ctx), {"cpu": se.cpu_per_trial},
-                   tune.TuneConfig(search_alg=ConcurrencyLimiter(searcher, max_concurrent=se.max_concurrent),
-                                   num_samples=se.trials, reuse_actors=True),
-                   f"{sweep_id}-search", run_dir / "ray", callback)
-    failed = len(results.errors)
-    return len(results) - failed, failed
+                  f"{se.method} on {', '.join(m.name for m in se.metrics)}"
+                  + (f" (restored: {done['COMPLETE']} complete, {done['FAIL']} failed)" if restored else ""))
+    tuner.fit()
+    final = study.load()
+    lost = [t.number for t in final.get_trials(deepcopy=False) if t.state in (optuna.trial.TrialState.RUNNING,
+                                                                             optuna.trial.TrialState.WAITING)]
+    if lost:  # a Ray experiment state older than the searcher's "finished" flag: should not happen
+        DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se).fail_open_trials(
+            "lost: its Ray trial was not in the restored experiment")
+        console.print(f"[red]Optuna trials {lost} had no Ray trial after the restore; marked FAIL[/red]")
+    trials = study.load().get_trials(deepcopy=False)
+    completed = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
+    errors = [(t.number, str(t.user_attrs.get(ATTR_ERROR, "failed"))) for t in trials
+              if t.state == optuna.trial.TrialState.FAIL]
+    return completed, len(errors), errors
+
+
+# --------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True)
+class SweepStatus:
+    """Trial counts by state in each system, for ``nas sweep --status NAME``."""
+
+    name: str
+    sweep_id: str | None
+    trials: int
+    """``search.trials``: how many the sweep runs in all."""
+    optuna: dict[str, int]
+    """Optuna trial states (COMPLETE, FAIL, RUNNING, ...)."""
+    ray: dict[str, int]
+    """Ray Tune trial statuses of the search experiment (TERMINATED, ERROR, PENDING, RUNNING, ...)."""
+    mlflow: dict[str, int]
+    """MLflow statuses of the trial runs (FINISHED, FAILED, KILLED, RUNNING)."""
+    mlflow_duplicates: int
+    """Trial runs beyond the first for the same Optuna trial (should be 0)."""
+    mlflow_other: dict[str, str]
+    """The parent (``sweep``) and ``supernet`` runs' statuses."""
+    where: dict[str, str]
+
+    def lines(self) -> list[str]:
+        def fmt(counts: dict[str, int]) -> str:
+            return "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
+        return [
+            f"sweep {self.name} ({self.sweep_id or 'not started'}): {self.trials} trials requested",
+            f"  optuna  {fmt(self.optuna)}   [{self.where['optuna']}]",
+            f"  ray     {fmt(self.ray)}   [{self.where['ray']}]",
+            f"  mlflow  {fmt(self.mlflow)}; duplicates {self.mlflow_duplicates}; "
+            + ", ".join(f"{k} {v}" for k, v in self.mlflow_other.items()) + f"   [{self.where['mlflow']}]",
+        ]
+
+
+def sweep_status(spec: SweepSpec) -> SweepStatus:
+    """Count the sweep's trials by state in Optuna, Ray Tune and MLflow (reads only; works while it runs).
+
+    Raises:
+        LookupError: the sweep never started (no ``<workdir>/<name>/sweep.json``).
+        SpecError: the Optuna storage is unreachable.
+    """
+    run_dir = spec.run_dir.resolve()
+    record = read_sweep_record(run_dir)
+    if record is None:
+        raise LookupError(f"sweep {spec.name!r} has not started: no {run_dir / SWEEP_FILE}")
+    ref = study_ref(spec, record.sweep_id)
+    try:
+        optuna_counts = dict(Counter(t.state.name for t in ref.load().get_trials(deepcopy=False)))
+    except KeyError:
+        optuna_counts = {}
+    exp_dir = run_dir / "ray" / "search"
+    ray_counts: dict[str, int] = {}
+    if exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json")):
+        from ray.tune import ExperimentAnalysis
+
+        ray_counts = dict(Counter(t.status for t in ExperimentAnalysis(str(exp_dir)).trials))
+    runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
+    trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
+    keys = Counter(r.data.tags.get(tracking.TAG_OPTUNA_TRIAL, r.info.run_id) for r in trial_runs)
+    other = {f"{role} run": "/".join(r.info.status for r in runs if r.data.tags.get(tracking.TAG_ROLE) == role) or "none"
+             for role in ("sweep", "supernet")}
+    return SweepStatus(spec.name, record.sweep_id, spec.search.trials, optuna_counts, ray_counts,
+                       dict(Counter(r.info.status for r in trial_runs)), sum(n - 1 for n in keys.values()), other,
+                       {"optuna": ref.location, "ray": str(exp_dir), "mlflow": tracking.tracking_uri()})

@@ -1,12 +1,34 @@
 """The two Ray Tune trainables of a sweep: supernet training and inherited-weight scoring.
 
-Both run inside Ray worker processes and report through ``ray.tune.report``; MLflow is
-written by the driver (:mod:`nas.search.callbacks`), so there is one writer per database.
+Both run inside Ray worker processes and report through ``ray.tune.report``; MLflow and Optuna
+are written by the driver (:mod:`nas.search.callbacks`, :mod:`nas.search.searcher`), so there is
+one writer per database.
+
+A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.json`` (atomically)
+before reporting it: a trial that Ray runs again after the driver was killed reports that file
+instead of scoring the arch again.
+
+Test-only fault injection (the one place it is read): the environment variable ``NAS_TEST_FAULT``
+makes :func:`score_trial` fail, as ``KIND[:WHEN]``:
+
+- KIND ``raise`` raises ``RuntimeError``; ``nan`` scores the arch and then makes ``valid_loss`` NaN
+  (which the NaN check turns into ``FloatingPointError``); ``oom`` raises ``torch.OutOfMemoryError``.
+- WHEN ``always`` (default) every attempt of every trial; ``first`` only a trial's first attempt (a
+  retry from ``search.max_failures`` then succeeds); ``even`` trials with an even Optuna number; a
+  number in (0, 1) each attempt with that probability.
+
+Ray workers of a local cluster inherit the driver's environment, so setting it for ``nas sweep`` is
+enough. Unset (always, outside tests) it costs one ``os.environ`` lookup.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import math
+import os
+import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,10 +40,15 @@ from nas.data import PreparedData
 from nas.evaluate import corpus_scores, latency_ms, translate, valid_loss
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
+from nas.search.searcher import OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 
-__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch"]
+__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "FAULT_ENV", "OPTUNA_TRIAL_KEY"]
+
+FAULT_ENV = "NAS_TEST_FAULT"
+"""Test-only fault injection (see the module docstring)."""
+_FAULT_KINDS = ("raise", "nan", "oom")
 
 
 @dataclass(frozen=True)
@@ -31,6 +58,8 @@ class SweepContext:
     spec: SweepSpec
     data: PreparedData
     supernet_dir: Path
+    results_dir: Path | None = None
+    """Where scored trials keep their results (``<optuna number>.json``); None: not kept."""
 
 
 def train_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
@@ -70,11 +99,119 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 
 
 def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
-    """Ray Tune trainable: the arch Optuna sampled (``config``), scored with inherited weights."""
+    """Ray Tune trainable: the arch Optuna sampled (``config``), scored with inherited weights.
+
+    Reports the :func:`score_arch` metrics plus ``arch`` (JSON), ``arch_id`` and ``arch_summary``; reports
+    the stored result instead when this Optuna trial was scored before (a re-run after a driver kill).
+
+    Raises:
+        FloatingPointError: a metric is NaN or infinite (names the metrics and the arch).
+        torch.OutOfMemoryError: the arch does not fit in memory (names the arch).
+        RuntimeError: injected by ``NAS_TEST_FAULT=raise`` (tests only).
+    """
+    number = config.get(OPTUNA_TRIAL_KEY)
+    params = {k: v for k, v in config.items() if k != OPTUNA_TRIAL_KEY}
+    stored = _load_result(ctx, number)
+    if stored is not None:
+        tune.report(stored)
+        return
     torch.set_num_threads(max(1, int(ctx.spec.search.cpu_per_trial)))
-    arch = SearchSpace.from_spec(ctx.spec).from_params(config)
-    metrics = score_arch(_supernet(str(ctx.supernet_dir)), arch, ctx.spec, ctx.data)
-    tune.report({**metrics, "arch": arch.to_json(), "arch_id": arch.arch_id, "arch_summary": arch.summary()})
+    arch = SearchSpace.from_spec(ctx.spec).from_params(params)
+    fault = _injected_fault(ctx, number)
+    if fault == "raise":
+        raise RuntimeError(f"{FAULT_ENV}=raise: injected failure in Optuna trial {number}")
+    try:
+        if fault == "oom":
+            raise torch.OutOfMemoryError(f"{FAULT_ENV}=oom: injected out of memory in Optuna trial {number}")
+        metrics = score_arch(_supernet(str(ctx.supernet_dir)), arch, ctx.spec, ctx.data)
+    except torch.OutOfMemoryError as e:
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        raise torch.OutOfMemoryError(f"{e} -- scoring {arch.summary()}; lower search.max_concurrent or "
+                                     "search.beam_size, or give trials more memory") from e
+    if fault == "nan":
+        metrics["valid_loss"] = float("nan")
+    bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+    if bad:
+        raise FloatingPointError(f"Optuna trial {number}: non-finite {', '.join(f'{k}={v}' for k, v in bad.items())} "
+                                 f"for {arch.summary()}; the supernet may have diverged (lower train.lr)")
+    result = {**metrics, "arch": arch.to_json(), "arch_id": arch.arch_id, "arch_summary": arch.summary()}
+    _store_result(ctx, number, result)
+    tune.report(result)
+
+
+def _result_path(ctx: SweepContext, number: int | None, suffix: str = ".json") -> Path | None:
+    if ctx.results_dir is None or number is None:
+        return None
+    return Path(ctx.results_dir) / f"{int(number):05d}{suffix}"
+
+
+def _load_result(ctx: SweepContext, number: int | None) -> dict[str, Any] | None:
+    path = _result_path(ctx, number)
+    if path is None or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # unreadable: score again
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _store_result(ctx: SweepContext, number: int | None, result: dict[str, Any]) -> None:
+    path = _result_path(ctx, number)
+    if path is not None:
+        _write_atomic(path, json.dumps(result))
+
+
+def _injected_fault(ctx: SweepContext, number: int | None) -> str | None:
+    """The fault ``NAS_TEST_FAULT`` asks this attempt to show (``raise``, ``nan``, ``oom``) or None.
+
+    Raises:
+        ValueError: a malformed ``NAS_TEST_FAULT`` (names the value and the grammar).
+    """
+    value = os.environ.get(FAULT_ENV)
+    if not value:
+        return None
+    kind, _, when = value.partition(":")
+    grammar = f"{FAULT_ENV}={value!r}: expected KIND[:WHEN], KIND in {'|'.join(_FAULT_KINDS)}, WHEN always|first|even|P"
+    if kind not in _FAULT_KINDS:
+        raise ValueError(grammar)
+    when = when or "always"
+    if when == "always":
+        return kind
+    if when == "first":
+        return kind if _count_attempt(ctx, number) == 1 else None
+    if when == "even":
+        return kind if number is not None and int(number) % 2 == 0 else None
+    try:
+        p = float(when)
+    except ValueError:
+        raise ValueError(grammar) from None
+    return kind if random.random() < p else None
+
+
+def _count_attempt(ctx: SweepContext, number: int | None) -> int:
+    """This trial's attempt number (1 = first), counted in ``<results_dir>/<number>.attempts``."""
+    path = _result_path(ctx, number, ".attempts")
+    if path is None:
+        raise ValueError(f"{FAULT_ENV}=...:first needs a search trial with a results folder")
+    try:
+        attempt = int(path.read_text()) + 1
+    except (OSError, ValueError):
+        attempt = 1
+    _write_atomic(path, str(attempt))
+    return attempt
 
 
 class DefineByRun:
