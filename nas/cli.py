@@ -67,7 +67,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
 
     if status:
         try:
-            out.print("\n".join(sweep_status(spec).lines()), highlight=False, soft_wrap=True)
+            out.print("\n".join(sweep_status(spec).lines()), markup=False, highlight=False, soft_wrap=True)
         except (LookupError, SpecError) as e:
             _fail(str(e))
         return
