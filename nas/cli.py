@@ -124,14 +124,22 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
 
     data = prepare_sweep_data(spec)
     target = out_dir or spec.run_dir / "supernet"
+    for stale in tracking.find_tagged_runs(spec.experiment, {"nas.role": "supernet", "nas.supernet_dir": str(target.resolve())},
+                                           status="RUNNING"):  # left by a killed `nas train` of this folder
+        for child in tracking.find_tagged_runs(spec.experiment, {"mlflow.parentRunId": stale.info.run_id}, status="RUNNING"):
+            tracking.end_run(child.info.run_id, "KILLED")
+        tracking.end_run(stale.info.run_id, "KILLED")
     run = tracking.start_run(spec.experiment, f"{spec.name}-supernet", role="supernet",
                              tags={"nas.supernet_dir": str(target.resolve()), "nas.data_dir": str(Path(data.root).resolve())},
                              params={"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json")})
+    stages = tracking.StageRuns(spec.experiment, run)  # one nested run per training stage
     try:
-        result = train_supernet(spec, data, target, report=lambda m: tracking.log_metrics(run, m, int(m.get("step", 0))))
+        result = train_supernet(spec, data, target, report=stages)
     except BaseException:
+        stages.close("FAILED")
         tracking.end_run(run, "FAILED")
         raise
+    stages.close()
     tracking.end_run(run)
     out.print_json(json.dumps(result.metrics))
 
@@ -256,8 +264,13 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's)."),
            onnx: bool = typer.Option(False, "--onnx", help="Also write encoder.onnx, decoder_step.onnx and translate_onnx.py, "
-                                                          "verified with onnxruntime.")) -> None:
-    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX)."""
+                                                          "verified with onnxruntime."),
+           register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
+                                                  help="Also log the export as an MLflow pyfunc model, register it as NAME "
+                                                       "and point the alias 'champion' at it.")) -> None:
+    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX, and an MLflow model)."""
+    if register is not None and not register.strip():
+        _fail("--register needs a model name, e.g. --register quickstart-en-de")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from nas import tracking
     from nas.export import export_arch
@@ -300,6 +313,32 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
             _fail(f"ONNX export of {path} differs from PyTorch by {diff:.2e} in the logits (limit 1e-4)", code=1)
         out.print(f"ONNX: encoder.onnx + decoder_step.onnx, max |logit diff| vs PyTorch {diff:.1e}; "
                   f"translate with `python {path}/translate_onnx.py < input.txt` (onnxruntime only)")
+    if register is not None:
+        _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
+
+
+def _register_export(path: Path, name: str, run, valid: Path) -> None:
+    """Log the export folder ``path`` as an MLflow pyfunc model, register it as ``name``, alias champion."""
+    import mlflow
+
+    from nas import tracking
+    from nas.mlflow_model import DEFAULT_EXAMPLE, log_translator
+
+    example = list(DEFAULT_EXAMPLE)
+    if valid.is_file():  # real sentences of the sweep's validation set as the input example
+        import pyarrow.parquet as pq
+
+        example = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:3] or example
+    experiment = tracking.get_client().get_experiment(run.info.experiment_id).name
+    try:
+        logged = log_translator(path, experiment=experiment, register=name, source_run_id=run.info.run_id,
+                                input_example=example)
+    except (FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    except mlflow.MlflowException as e:
+        _fail(f"cannot register MLflow model {name!r}: {e.message}")
+    out.print(f"registered MLflow model '{escape(name)}' version {logged.version} (alias champion, run {logged.run_id}); "
+              f"load it with mlflow.pyfunc.load_model({logged.alias_uri!r})", highlight=False)
 
 
 @app.command(name="translate")
