@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -64,11 +65,10 @@ def _postgres_unavailable(reason: str) -> None:
 
 
 @pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """A fresh empty PostgreSQL database, as ``postgresql+psycopg://USER@HOST:PORT/nas_test_<hex>``; dropped afterwards.
-
-    Skips with the reason when the server doesn't answer; fails instead when ``NAS_REQUIRE_POSTGRES=1``.
-    """
+def postgres_databases() -> Iterator[Callable[[], str]]:
+    """Factory of fresh empty PostgreSQL databases (``postgresql+psycopg://USER@HOST:PORT/nas_test_<hex>``), all
+    dropped afterwards. Skips with the reason when the server doesn't answer; fails instead when
+    ``NAS_REQUIRE_POSTGRES=1``."""
     try:
         import psycopg
     except ImportError as e:
@@ -79,11 +79,113 @@ def postgres_url() -> Iterator[str]:
         admin = psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
     except psycopg.OperationalError as e:
         _postgres_unavailable(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
-    name = f"nas_test_{uuid.uuid4().hex[:12]}"
-    with admin:
+    names: list[str] = []
+
+    def create() -> str:
+        name = f"nas_test_{uuid.uuid4().hex[:12]}"
         admin.execute(f'CREATE DATABASE "{name}"')
+        names.append(name)
         url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg", database=name)
+        return url.render_as_string(hide_password=False)
+
+    with admin:
         try:
-            yield url.render_as_string(hide_password=False)
+            yield create
         finally:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            for name in names:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_url(postgres_databases) -> str:
+    """A fresh empty PostgreSQL database, as ``postgresql+psycopg://USER@HOST:PORT/nas_test_<hex>``; dropped afterwards.
+
+    Skips with the reason when the server doesn't answer; fails instead when ``NAS_REQUIRE_POSTGRES=1``.
+    """
+    return postgres_databases()
+
+
+@pytest.fixture(scope="session")
+def tiny_supernet(multi30k, tmp_path_factory) -> tuple[Path, Path]:
+    """A supernet of :func:`tiny_spec_dict` trained once per session, without Ray: (supernet folder, data
+    cache folder). Copy the folder to ``<workdir>/tiny/supernet`` and point ``data.cache_dir`` at the cache
+    folder, and a sweep reuses both instead of training."""
+    from nas.search.runner import prepare_sweep_data
+    from nas.space.spec import parse_spec
+    from trainers import train_supernet
+
+    work = tmp_path_factory.mktemp("tiny_supernet")
+    spec = parse_spec(tiny_spec_dict(data_dir=multi30k, work=work), "tiny_supernet")
+    data = prepare_sweep_data(spec, progress=False)
+    train_supernet(spec, data, work / "supernet", report=lambda metrics: None, progress=False)
+    return work / "supernet", work / "data"
+
+
+def sweep_with_supernet(raw: dict, work: Path, tiny_supernet: tuple[Path, Path]) -> Path:
+    """Write ``raw`` (a :func:`tiny_spec_dict`) as ``work/<name>.yaml`` with the session's trained supernet in
+    place; returns the YAML path."""
+    import shutil
+
+    import yaml
+
+    supernet, cache = tiny_supernet
+    raw = {**raw, "data": {**raw["data"], "cache_dir": str(cache)}}
+    shutil.copytree(supernet, Path(raw["workdir"]) / raw["name"] / "supernet")
+    path = work / f"{raw['name']}.yaml"
+    path.write_text(f"# nas sweep {path.name}\n" + yaml.safe_dump(raw))
+    return path
+
+
+def nas_env(work: Path, **extra: str) -> dict[str, str]:
+    """Environment for a ``nas`` subprocess: MLflow in ``work/mlflow.db`` (unless ``extra`` sets it)."""
+    return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "PYTHONPATH": str(REPO), **extra}
+
+
+def run_nas(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 900):
+    """``python -m nas.cli ARGS`` in a subprocess; returns the CompletedProcess (text, captured)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "nas.cli", *args], capture_output=True, text=True, env=env, cwd=cwd,
+                          timeout=timeout)
+
+
+@dataclass
+class SweepRecords:
+    """What a sweep left in Optuna, Ray Tune and MLflow (read back with the real libraries)."""
+
+    optuna: list  # optuna FrozenTrial, by number
+    ray: list  # ray.tune Trial of the search experiment
+    runs: list  # every MLflow run tagged with the sweep id
+
+    def trial_runs(self) -> list:
+        return [r for r in self.runs if r.data.tags.get("nas.role") == "trial"]
+
+    def roles(self, role: str) -> list:
+        return [r for r in self.runs if r.data.tags.get("nas.role") == role]
+
+
+def read_sweep(spec_file: Path, env: dict[str, str]) -> SweepRecords:
+    """The records of the sweep of ``spec_file`` in the MLflow store named by ``env``."""
+    from ray.tune import ExperimentAnalysis
+
+    from nas import tracking
+    from nas.search.runner import read_sweep_record, study_ref
+    from nas.space.spec import load_spec
+
+    spec = load_spec(spec_file, check_files=False)
+    record = read_sweep_record(spec.run_dir)
+    assert record is not None, f"no sweep.json under {spec.run_dir}"
+    trials = study_ref(spec, record.sweep_id).load().get_trials()
+    exp_dir = spec.run_dir / "ray" / "search"
+    ray_trials = ExperimentAnalysis(str(exp_dir)).trials if exp_dir.is_dir() else []
+    old = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    try:
+        runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
+    finally:
+        if old is None:
+            del os.environ["MLFLOW_TRACKING_URI"]
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = old
+    return SweepRecords(trials, ray_trials, runs)
