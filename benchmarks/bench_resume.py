@@ -132,7 +132,7 @@ def report(spec_file: Path, env: dict, trials: int) -> None:
     from ray.tune import ExperimentAnalysis
 
     from nas import tracking
-    from nas.search.runner import read_sweep_record, study_ref, sweep_status
+    from nas.search.runner import ray_dir, read_sweep_record, study_ref, sweep_status
     from nas.space.spec import load_spec
 
     spec = load_spec(spec_file)
@@ -140,7 +140,7 @@ def report(spec_file: Path, env: dict, trials: int) -> None:
     study = study_ref(spec, record.sweep_id).load()
     ot = study.get_trials(deepcopy=False)
     optuna_states = Counter(t.state.name for t in ot)
-    ray_trials = ExperimentAnalysis(str(spec.run_dir.resolve() / "ray" / "search")).trials
+    ray_trials = ExperimentAnalysis(str(ray_dir(spec, record.sweep_id, "search"))).trials
     ray_numbers = Counter(t.config.get("optuna_trial") for t in ray_trials)
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
     trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]

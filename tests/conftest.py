@@ -170,14 +170,14 @@ def read_sweep(spec_file: Path, env: dict[str, str]) -> SweepRecords:
     from ray.tune import ExperimentAnalysis
 
     from nas import tracking
-    from nas.search.runner import read_sweep_record, study_ref
+    from nas.search.runner import ray_dir, read_sweep_record, study_ref
     from nas.space.spec import load_spec
 
     spec = load_spec(spec_file, check_files=False)
     record = read_sweep_record(spec.run_dir)
     assert record is not None, f"no sweep.json under {spec.run_dir}"
     trials = study_ref(spec, record.sweep_id).load().get_trials()
-    exp_dir = spec.run_dir / "ray" / "search"
+    exp_dir = ray_dir(spec, record.sweep_id, "search")
     ray_trials = ExperimentAnalysis(str(exp_dir)).trials if exp_dir.is_dir() else []
     old = os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]

@@ -41,7 +41,7 @@ from nas.space.spec import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
 __all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus",
-           "make_sampler", "sweep_status", "read_sweep_record", "study_ref"]
+           "make_sampler", "sweep_status", "read_sweep_record", "study_ref", "ray_dir", "results_dir"]
 
 console = Console(stderr=True)
 
@@ -97,6 +97,17 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
                         seed=spec.train.seed, progress=progress)
 
 
+def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path:
+    """The Ray Tune experiment folder of a sweep's ``train`` or ``search`` stage (named by the sweep id, so
+    a sweep started afresh in the same folder never restores another one's experiment)."""
+    return spec.run_dir.resolve() / "ray" / f"{sweep_id}-{stage}"
+
+
+def results_dir(spec: SweepSpec, sweep_id: str) -> Path:
+    """Where scored trials keep their results (``<optuna number>.json``), per sweep id."""
+    return spec.run_dir.resolve() / "trials" / sweep_id
+
+
 def study_ref(spec: SweepSpec, sweep_id: str) -> StudyRef:
     """Where the sweep's Optuna study lives (``tracking.optuna_storage``, else the journal file)."""
     return StudyRef(study_name=sweep_id, journal=spec.run_dir.resolve() / "optuna.journal",
@@ -150,7 +161,8 @@ def _changed(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 
 def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -> tuple[SweepRecord, bool]:
-    """Load the sweep's record (checking that the YAML did not change) or write it; returns (record, resumed).
+    """Load the sweep's record (checking that the YAML did not change) or make a new one, not yet written
+    (:func:`_write_record`); returns (record, resumed).
 
     Raises:
         SpecError: ``must_exist`` and there is no record, or the space/search/tracking sections changed.
@@ -164,8 +176,6 @@ def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -
         record = SweepRecord(sweep_id=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", name=spec.name,
                              created=time.strftime("%Y-%m-%dT%H:%M:%S"), spec_file=str(Path(spec_path).resolve()),
                              cwd=str(Path.cwd()), settings=_settings(spec))
-        _write_atomic(run_dir / SPEC_COPY, Path(spec_path).read_text(encoding="utf-8"))
-        _write_atomic(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
         return record, False
     changes = _changed(record.settings, _settings(spec))
     if changes:
@@ -173,6 +183,13 @@ def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -
                         f"continues with the settings it started with, but: {'; '.join(changes)}. Restore those "
                         f"values, or give the YAML a new name to start another sweep")
     return record, True
+
+
+def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -> None:
+    """Write ``sweep.yaml`` (the YAML's copy) then ``sweep.json``, each atomically: the sweep exists from here on."""
+    run_dir = spec.run_dir.resolve()
+    _write_atomic(run_dir / SPEC_COPY, Path(spec_path).read_text(encoding="utf-8"))
+    _write_atomic(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -276,8 +293,11 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
-    data = prepare_sweep_data(spec)
     run_dir = spec.run_dir.resolve()
+    if resume and read_sweep_record(run_dir) is None:  # before anything is prepared or written
+        raise SpecError(f"no sweep named {spec.name!r} to resume: {run_dir / SWEEP_FILE} does not exist; "
+                        f"start it with `nas sweep FILE`")
+    data = prepare_sweep_data(spec)
     supernet_dir = run_dir / "supernet"
     check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
     with _sweep_lock(run_dir, spec.name):
@@ -285,6 +305,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         sweep_id = record.sweep_id
         study = study_ref(spec, sweep_id)
         study.load([("maximize" if m.goal == "maximize" else "minimize") for m in spec.search.metrics])
+        if not resumed:  # after the storage answered: a failed start leaves no record behind
+            _write_record(spec, spec_path, record)
         if resumed:
             console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
         started_ray = _init_ray(spec, address)
@@ -296,14 +318,14 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
             killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
             if killed:
                 console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
-            ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir, results_dir=run_dir / "trials")
-            supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id, run_dir)
-            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, run_dir)
+            ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir, results_dir=results_dir(spec, sweep_id))
+            supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
+            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
             tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed, "trials_failed": failed})
             if completed == 0:
                 raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
                                   + "\n".join(f"  trial {n}: {e}" for n, e in errors)
-                                  + f"\nfull tracebacks under {run_dir / 'ray' / 'search'}")
+                                  + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
             tracking.end_run(parent, "FINISHED")
         except BaseException as e:
             tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
@@ -337,7 +359,7 @@ def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resu
 
 
 def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: str, tags: dict[str, str],
-                 sweep_id: str, run_dir: Path) -> dict[str, float]:
+                 sweep_id: str) -> dict[str, float]:
     """Train the supernet as one Ray Tune trial unless a finished one is already in ``supernet_dir``."""
     metrics_file = ctx.supernet_dir / "metrics.json"
     params = {"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json"),
@@ -351,7 +373,7 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     callback = MlflowTrialCallback(experiment, sweep_id, "supernet", tags, params)
     trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
                                     {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
-    exp_dir = run_dir / "ray" / "train"
+    exp_dir = ray_dir(spec, sweep_id, "train")
     tuner, _ = _tuner(trainable, exp_dir, restart_errored=True,  # the trainer resumes from its own checkpoint
                       tune_config=tune.TuneConfig(num_samples=1),
                       run_config=_run_config(exp_dir, [callback], spec.search.max_failures))
@@ -377,14 +399,14 @@ def _finish_supernet_run(experiment: str, parent: str, tags: dict[str, str], par
     tracking.end_run(run_id, "FINISHED")
 
 
-def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str], study: StudyRef,
-                  run_dir: Path) -> tuple[int, int, list[tuple[int, str]]]:
+def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str],
+                  study: StudyRef) -> tuple[int, int, list[tuple[int, str]]]:
     """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)])."""
     se = spec.search
     searcher = DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se)
     callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
     trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx), {"cpu": se.cpu_per_trial})
-    exp_dir = run_dir / "ray" / "search"
+    exp_dir = ray_dir(spec, study.study_name, "search")
     tuner, restored = _tuner(trainable, exp_dir, restart_errored=False,
                              tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
                              run_config=_run_config(exp_dir, callbacks, se.max_failures))
@@ -458,7 +480,7 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
         optuna_counts = dict(Counter(t.state.name for t in ref.load().get_trials(deepcopy=False)))
     except KeyError:
         optuna_counts = {}
-    exp_dir = run_dir / "ray" / "search"
+    exp_dir = ray_dir(spec, record.sweep_id, "search")
     ray_counts: dict[str, int] = {}
     if exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json")):
         from ray.tune import ExperimentAnalysis

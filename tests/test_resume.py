@@ -1,0 +1,141 @@
+"""Resume after a kill: `nas sweep` SIGKILLed once a search trial has completed, then run again.
+
+Real Ray Tune, Optuna (journal file) and MLflow (SQLite) in subprocesses, as a user runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from tests.conftest import nas_env, read_sweep, run_nas, tiny_spec_dict
+
+pytestmark = pytest.mark.slow
+
+TRIALS = 4
+
+
+def _completed_trials(run_dir: Path) -> list[int]:
+    """Numbers of the COMPLETE trials in the sweep's Optuna journal (read while the driver writes it)."""
+    import optuna
+
+    record = run_dir / "sweep.json"
+    if not record.is_file() or not (run_dir / "optuna.journal").is_file():
+        return []
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
+    try:
+        study = optuna.load_study(study_name=json.loads(record.read_text())["sweep_id"], storage=storage)
+    except KeyError:
+        return []
+    return [t.number for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver, then the Ray processes it leaves in its process group."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def test_sweep_killed_after_a_trial_resumes_without_duplicates_or_redone_trials(multi30k, tmp_path):
+    raw = tiny_spec_dict(multi30k, tmp_path, **{
+        "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
+                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
+        "tracking": {"experiment": "resume"},
+    })
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
+    env = nas_env(tmp_path)
+    run_dir = tmp_path / "runs" / "tiny"
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 900
+        try:
+            while not (done := _completed_trials(run_dir)):
+                assert proc.poll() is None, f"the sweep ended before any trial completed:\n{log.read_text()[-4000:]}"
+                assert time.monotonic() < deadline, "no trial completed in 900 s"
+                time.sleep(0.5)
+        finally:
+            _kill(proc)
+    assert proc.returncode == -signal.SIGKILL
+    assert (run_dir / "supernet" / "metrics.json").is_file()
+    before = read_sweep(spec_file, env)
+    assert len([t for t in before.optuna if t.state == TrialState.COMPLETE]) < TRIALS, "killed too late to test resume"
+    assert "RUNNING" in {r.info.status for r in before.runs}, "the kill should leave runs RUNNING"
+    sweep_id = json.loads((run_dir / "sweep.json").read_text())["sweep_id"]
+    results = {n: run_dir / "trials" / sweep_id / f"{n:05d}.json" for n in done}
+    stamps = {n: p.stat().st_mtime_ns for n, p in results.items()}
+
+    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
+    assert status.returncode == 0, status.stderr[-3000:]
+    assert "optuna" in status.stdout and "COMPLETE" in status.stdout and "RUNNING" in status.stdout
+
+    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)  # no FILE: the saved copy
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    assert "(resumed)" in resumed.stdout and "marked" in resumed.stderr  # stale RUNNING runs were ended
+
+    after = read_sweep(spec_file, env)
+    assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
+    assert Counter(t.config["optuna_trial"] for t in after.ray) == Counter(range(TRIALS))  # one Ray trial each
+    assert {t.status for t in after.ray} == {"TERMINATED"}
+    runs = after.trial_runs()
+    assert sorted(int(r.data.tags["nas.optuna_trial"]) for r in runs) == list(range(TRIALS)), "duplicate MLflow runs"
+    assert {r.info.status for r in after.runs} == {"FINISHED"}, Counter(r.info.status for r in after.runs)
+    assert all({"bleu", "latency_ms"} <= set(r.data.metrics) for r in runs)
+    (parent,) = after.roles("sweep")
+    assert parent.data.tags["nas.resumes"] == "1" and len(after.roles("supernet")) == 1
+    for n, path in results.items():  # completed before the kill: reported again from its file, not re-scored
+        assert path.stat().st_mtime_ns == stamps[n]
+    optuna_values = {t.number: t.values for t in after.optuna}
+    for r in runs:
+        n = int(r.data.tags["nas.optuna_trial"])
+        assert r.data.metrics["bleu"] == pytest.approx(optuna_values[n][0])  # Optuna and MLflow agree
+
+    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
+    assert f"COMPLETE {TRIALS}" in status.stdout and f"TERMINATED {TRIALS}" in status.stdout
+    assert f"FINISHED {TRIALS}; duplicates 0" in status.stdout
+
+
+def test_resume_of_an_unknown_sweep_and_changed_settings_exit_2(multi30k, tmp_path, monkeypatch):
+    raw = tiny_spec_dict(multi30k, tmp_path)
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
+    env = nas_env(tmp_path)
+    proc = run_nas(["sweep", str(spec_file), "--resume", "tiny"], env, tmp_path)
+    assert proc.returncode == 2 and "no sweep named 'tiny' to resume" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "runs" / "tiny" / "sweep.json").exists()
+    proc = run_nas(["sweep", "--resume", "nope", "--workdir", "runs"], env, tmp_path)
+    assert proc.returncode == 2 and "no sweep named 'nope'" in proc.stderr
+    proc = run_nas(["sweep", "--status", "nope", "--workdir", "runs"], env, tmp_path)
+    assert proc.returncode == 2 and "no sweep named 'nope'" in proc.stderr
+
+    from nas.search.runner import _sweep_record, _write_record
+    from nas.space.spec import SpecError, load_spec
+
+    monkeypatch.chdir(tmp_path)
+    spec = load_spec(spec_file)
+    record, resumed = _sweep_record(spec, spec_file, must_exist=False)
+    assert not resumed and not (tmp_path / "runs" / "tiny" / "sweep.json").exists()
+    _write_record(spec, spec_file, record)
+    assert json.loads((tmp_path / "runs" / "tiny" / "sweep.json").read_text())["sweep_id"] == record.sweep_id
+    again, resumed = _sweep_record(spec, spec_file, must_exist=True)
+    assert resumed and again == record
+    raw["search"]["trials"] = 5
+    spec_file.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SpecError, match=r"search.trials: 2 when the sweep started, now 5"):
+        _sweep_record(load_spec(spec_file), spec_file, must_exist=False)
