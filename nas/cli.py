@@ -109,7 +109,11 @@ def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_fi
         _fail(f"no sweep named {name!r} in {workdir} (no {workdir / name / 'sweep.json'}); pass its YAML "
               f"(nas sweep FILE --resume {name}) or --workdir DIR")
     copy = (workdir / name / SPEC_COPY).resolve()
-    os.chdir(record.cwd)  # relative data paths and the default sqlite:///mlflow.db resolve where it started
+    try:
+        os.chdir(record.cwd)  # relative data paths and the default sqlite:///mlflow.db resolve where it started
+    except OSError as e:
+        _fail(f"sweep {name!r} started in {record.cwd}, which is not available ({e.strerror}); pass its YAML: "
+              f"nas sweep FILE --resume {name}")
     return _load(copy, check_files=check_files)
 
 
