@@ -212,15 +212,15 @@ class DurableOptunaSearch(Searcher):
         trials = self._trials()
         assigned = set(self._known.values())
         orphans = [t for t in trials if t.state in _OPEN and t.number not in assigned]
-        if orphans:  # asked before a kill, never persisted by Ray: its params go to this new Ray trial
-            number, params = orphans[0].number, dict(orphans[0].params)
+        if orphans:  # asked before a kill, never persisted by Ray: this new Ray trial takes it over
+            trial = optuna.trial.Trial(self.study, orphans[0]._trial_id)
         elif len(trials) >= self.search.trials:
             return Searcher.FINISHED
         else:
             trial = self.study.ask()
-            trial.set_user_attr(ATTR_RAY_TRIAL, trial_id)
-            self.space(trial)
-            number, params = trial.number, dict(trial.params)
+        trial.set_user_attr(ATTR_RAY_TRIAL, trial_id)
+        self.space(trial)  # on an orphan: returns the params it has, samples those a kill cut short
+        number, params = trial.number, dict(trial.params)
         self._known[trial_id] = number
         self._live.add(trial_id)
         return {**params, OPTUNA_TRIAL_KEY: number}
