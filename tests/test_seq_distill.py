@@ -251,3 +251,18 @@ def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepare
     for name in a:
         assert torch.allclose(a[name], b[name], atol=1e-6), name
     assert straight.steps == 4
+
+
+# ---- the drop-branch schedule (MAT eq. 5-7) -----------------------------------------------------------
+
+def test_drop_branch_rises_linearly_over_the_warmup_then_stays(prepared, tmp_path, monkeypatch):
+    raw, data = prepared
+    assert [trainers.loop.drop_branch_at(0.2, 4, s) for s in range(6)] == pytest.approx([0, 0.05, 0.1, 0.15, 0.2, 0.2])
+    assert trainers.loop.drop_branch_at(0.2, 0, 0) == 0.2
+    seen = []
+    real = trainers.loop._sandwich_step
+    monkeypatch.setattr(trainers.loop, "_sandwich_step",
+                        lambda model, *args, **kwargs: seen.append(model.drop_branch) or real(model, *args, **kwargs))
+    train_supernet(_spec(raw, steps=5, drop_branch=0.2, drop_branch_warmup=4), data, tmp_path, progress=False)
+    assert seen == pytest.approx([0, 0.05, 0.1, 0.15, 0.2])
+    assert load_model(tmp_path, "supernet").drop_branch == 0.2

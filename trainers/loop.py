@@ -48,7 +48,7 @@ from trainers.proximal import load_proximal_source, proximal_initialize
 from trainers.seq_distill import DISTILL_DIR, load_distill_targets, write_distill_targets
 
 __all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
-           "check_fingerprint"]
+           "check_fingerprint", "drop_branch_at"]
 
 Report = Callable[[dict[str, float]], None]
 CHECKPOINT = "checkpoint.pt"
@@ -211,6 +211,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                 archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
                 ntokens = sum(b.ntokens for b in group)
                 shards = [s.to(device) for s in (_shard(b, rank, world) for b in group) if s is not None]
+                model.drop_branch = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, state["step"])
                 optimizer.zero_grad(set_to_none=True)
                 losses = _sandwich_step(model, shards, archs, at.distill_lambda, spec, autocast, ntokens,
                                         penalty=main)
@@ -261,6 +262,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                 state["epoch"] += 1
                 state["position"] = 0
     model.eval()
+    model.drop_branch = tr.drop_branch  # the configured rate in the saved config, whatever the schedule
     if main:
         save_model(model, out_dir, SUPERNET)
     last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None
@@ -273,6 +275,12 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
     emit({**state["final"], **(_param_sums(model) if world > 1 else {}), "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+
+def drop_branch_at(rho: float, warmup: int, step: int) -> float:
+    """MAT's drop-branch rate rho (eq. 5-7) at 0-based optimizer step ``step``: ``rho * step / warmup``
+    during the first ``warmup`` steps, then ``rho`` (``warmup`` 0: ``rho`` throughout)."""
+    return rho if warmup <= 0 or step >= warmup else rho * step / warmup
 
 
 def _dist_info() -> tuple[int, int]:

@@ -224,6 +224,9 @@ class TrainSpec(_Strict):
     """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
     drop_branch: float = Field(0.1, ge=0.0, lt=1.0)
     """MAT drop-branch rate rho (eq. 5-7), training only."""
+    drop_branch_warmup: int = Field(0, ge=0)
+    """Drop-branch schedule: rho rises linearly from 0 to ``drop_branch`` over these first steps (as
+    drop-path schedules do), then stays; 0 (default): MAT's fixed rho from the first step."""
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
     clip_norm: float = Field(1.0, gt=0)
     """Gradient clipping: max global L2 norm."""
