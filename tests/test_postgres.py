@@ -12,8 +12,6 @@ from optuna.trial import TrialState
 
 from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
-pytestmark = pytest.mark.slow
-
 TRIALS = 4
 
 
@@ -22,6 +20,7 @@ def _count(url: str, sql: str) -> int:
         return conn.execute(sql).fetchone()[0]
 
 
+@pytest.mark.slow
 def test_sweep_with_two_concurrent_trials_on_postgres_optuna_and_mlflow(multi30k, tmp_path, tiny_supernet,
                                                                          postgres_databases):
     optuna_url, mlflow_url = postgres_databases(), postgres_databases()
@@ -65,6 +64,7 @@ def test_sweep_with_two_concurrent_trials_on_postgres_optuna_and_mlflow(multi30k
     assert _count(mlflow_url, "SELECT count(*) FROM runs") == TRIALS + 2
 
 
+@pytest.mark.slow
 def test_unreachable_optuna_postgres_exits_2_naming_the_storage(multi30k, tmp_path):
     raw = tiny_spec_dict(multi30k, tmp_path, tracking={"experiment": "pg",
                                                        "optuna_storage": "postgresql://nas:secret@127.0.0.1:1/optuna"})
@@ -78,3 +78,21 @@ def test_unreachable_optuna_postgres_exits_2_naming_the_storage(multi30k, tmp_pa
         in proc.stderr.replace("\n", "")
     assert "secret" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs" / "tiny" / "sweep.json").exists()  # nothing half-started to trip a retry
+
+
+def test_storage_password_stays_out_of_tuner_pickle_and_sweep_record(multi30k, tmp_path):
+    import json
+    import pickle
+
+    from nas.search.runner import SweepRecord, _settings, study_ref
+    from nas.search.searcher import _REAL_URLS
+    from nas.space.spec import parse_spec
+
+    spec = parse_spec(tiny_spec_dict(multi30k, tmp_path, tracking={"optuna_storage": "postgresql://nas:s3cret@db:5432/optuna"}))
+    ref = study_ref(spec, "tiny-1")
+    blob = pickle.dumps(ref)  # what Ray writes into tuner.pkl (inside the searcher)
+    assert b"s3cret" not in blob and pickle.loads(blob).storage_url.endswith(":s3cret@db:5432/optuna")
+    _REAL_URLS.clear()  # another process: the password is not there to be found
+    assert pickle.loads(blob).storage_url == "postgresql://nas:***@db:5432/optuna"
+    record = SweepRecord("tiny-1", "tiny", "now", "f.yaml", str(tmp_path), _settings(spec))
+    assert "s3cret" not in json.dumps(record.__dict__)

@@ -34,7 +34,7 @@ from rich.console import Console
 from nas import tracking
 from nas.data import PreparedData, prepare_data
 from nas.search.callbacks import MlflowTrialCallback
-from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler
+from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler, redact_url
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.space import SearchSpace
 from nas.space.spec import SpecError, SweepSpec
@@ -133,8 +133,12 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _settings(spec: SweepSpec) -> dict[str, Any]:
+    """The sections a resumed sweep must keep, as stored in ``sweep.json`` (the storage URL's password masked)."""
+    tracking_section = spec.tracking.model_dump(mode="json")
+    if tracking_section.get("optuna_storage"):
+        tracking_section["optuna_storage"] = redact_url(tracking_section["optuna_storage"])
     return {"space": spec.space.model_dump(mode="json", exclude_none=True),
-            "search": spec.search.model_dump(mode="json"), "tracking": spec.tracking.model_dump(mode="json")}
+            "search": spec.search.model_dump(mode="json"), "tracking": tracking_section}
 
 
 def read_sweep_record(run_dir: Path) -> SweepRecord | None:

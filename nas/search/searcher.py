@@ -71,26 +71,53 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
 
 
+_REAL_URLS: dict[str, str] = {}
+"""Redacted storage URL -> the URL with its password, for this process (see :meth:`StudyRef.__getstate__`)."""
+
+
 @dataclass(frozen=True)
 class StudyRef:
     """Where a sweep's Optuna study lives: ``storage_url`` (PostgreSQL, Optuna ``RDBStorage``) or, when
-    None, the journal file ``journal`` (Optuna ``JournalFileBackend``); ``study_name`` is the sweep id."""
+    None, the journal file ``journal`` (Optuna ``JournalFileBackend``); ``study_name`` is the sweep id.
+
+    Pickled (Ray keeps the searcher in ``tuner.pkl``) with the URL's password masked; unpickled in the
+    driver that built it, it gets the password back, elsewhere it cannot connect.
+    """
 
     study_name: str
     journal: Path
     storage_url: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.storage_url is not None:
+            _REAL_URLS[redact_url(self.storage_url)] = self.storage_url
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        if state.get("storage_url") is not None:
+            state["storage_url"] = redact_url(state["storage_url"])
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        url = state.get("storage_url")
+        for key, value in {**state, "storage_url": _REAL_URLS.get(url, url)}.items():
+            object.__setattr__(self, key, value)
+
     def storage(self) -> optuna.storages.BaseStorage:
         """Open the storage (the journal file's folder is created).
 
         Raises:
-            SpecError: PostgreSQL does not answer or refuses the connection (names the redacted URL).
+            SpecError: PostgreSQL does not answer or refuses the connection, or its driver is not installed
+                (names the redacted URL and the fix).
         """
         if self.storage_url is None:
             self.journal.parent.mkdir(parents=True, exist_ok=True)
             return optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(self.journal)))
         try:
             return optuna.storages.RDBStorage(self.storage_url, engine_kwargs={"pool_pre_ping": True})
+        except ImportError as e:
+            raise SpecError(f"tracking.optuna_storage={redact_url(self.storage_url)} needs a PostgreSQL driver "
+                            f"({e}); pip install 'psycopg[binary]' (or psycopg2-binary for postgresql+psycopg2://)") from e
         except Exception as e:  # sqlalchemy OperationalError / ArgumentError, psycopg errors
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SpecError(f"tracking.optuna_storage: cannot open the Optuna study storage at "
