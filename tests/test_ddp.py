@@ -5,7 +5,9 @@ import json
 import pytest
 import ray
 import torch
+from mlflow import MlflowClient
 
+from nas import tracking
 from nas.model.io import load_model
 from nas.search.ddp import OutOfSyncError, check_in_sync, train_supernet_ddp
 from nas.search.runner import prepare_sweep_data
@@ -22,7 +24,7 @@ def test_workers_with_different_parameters_are_refused():
 
 
 @pytest.mark.slow
-def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tmp_path):
+def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tmp_path, monkeypatch):
     raw = tiny_spec_dict(multi30k, tmp_path)
     raw["supernet"] |= {"dropout": 0.0, "attention_dropout": 0.0}  # no randomness inside a forward
     raw["train"] |= {"steps": 5, "max_tokens": 256, "precision": "fp32", "log_every": 1, "checkpoint_every": 5,
@@ -30,12 +32,22 @@ def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tmp_p
     raw["resources"] = {"cpu": 1, "workers": 2}
     spec = parse_spec(raw)
     data = prepare_sweep_data(spec, progress=False)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    run = tracking.start_run("ddp", "supernet", role="supernet")
     ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         final = train_supernet_ddp(spec, data, tmp_path / "ddp", storage_path=tmp_path / "ray",
-                                   log_file=tmp_path / "reports.jsonl")
+                                   log_file=tmp_path / "reports.jsonl", mlflow_uri=uri, experiment="ddp",
+                                   supernet_run_id=run)
     finally:
         ray.shutdown()
+    client = MlflowClient(uri)  # rank 0's reports, in the supernet run and its stage run
+    assert [m.step for m in client.get_metric_history(run, "loss_widest")] == [1, 2, 3, 4, 5]
+    stage = tracking.find_tagged_runs("ddp", {tracking.TAG_PARENT: run})
+    assert [(r.info.run_name, r.info.status) for r in stage] == [("stage 1 (joint)", "FINISHED")]
+    assert "param_sum" not in client.get_run(run).data.metrics
     reports = [json.loads(line)["ranks"] for line in (tmp_path / "reports.jsonl").read_text().splitlines()]
     steps = [r for r in reports if "train_loss" in r[0]]
     assert [r[0]["step"] for r in steps] == [1, 2, 3, 4, 5]

@@ -13,7 +13,6 @@ controller, refuses to go on when the ranks disagree.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,35 +30,36 @@ class OutOfSyncError(RuntimeError):
 
 class ReportSink(UserCallback):
     """Ray Train controller callback: checks that every rank reports the same parameters, writes each
-    report (all ranks) as a JSON line to ``log_file`` and rank 0's metrics to an MLflow run.
+    report (all ranks) as a JSON line to ``log_file`` and rank 0's metrics to MLflow.
 
     Args:
         log_file: JSON-lines file, one line per report: ``{"ranks": [metrics of rank 0, 1, ...]}``.
-        mlflow_uri, mlflow_run_id: where rank 0's metrics go (both or neither).
+        mlflow_uri, experiment, supernet_run_id: where rank 0's metrics go (all or none), through
+            :class:`nas.tracking.StageRuns` (the supernet run plus one nested run per training stage).
     Raises:
         OutOfSyncError: from :meth:`after_report`, when the ranks' ``param_sum``/``param_sq`` differ.
     """
 
     def __init__(self, log_file: str | Path | None = None, mlflow_uri: str | None = None,
-                 mlflow_run_id: str | None = None) -> None:
+                 experiment: str | None = None, supernet_run_id: str | None = None) -> None:
         self.log_file = str(log_file) if log_file else None
-        self.mlflow_uri, self.mlflow_run_id = mlflow_uri, mlflow_run_id
+        self.mlflow_uri, self.experiment, self.supernet_run_id = mlflow_uri, experiment, supernet_run_id
+        self._stages = None
 
     def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
         check_in_sync(metrics)
         if self.log_file:
             with open(self.log_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps({"ranks": metrics}) + "\n")
-        if self.mlflow_run_id:
-            from mlflow import MlflowClient
-            from mlflow.entities import Metric
+        if self.supernet_run_id:
+            if self._stages is None:  # in the controller's process: point MLflow at the driver's store
+                import mlflow
 
-            first = metrics[0]
-            ts, step = int(time.time() * 1000), int(first.get("step", 0))
-            batch = [Metric(k, float(v), ts, step) for k, v in first.items()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if batch:
-                MlflowClient(self.mlflow_uri).log_batch(self.mlflow_run_id, metrics=batch)
+                from nas import tracking
+
+                mlflow.set_tracking_uri(self.mlflow_uri)
+                self._stages = tracking.StageRuns(self.experiment, self.supernet_run_id)
+            self._stages({k: v for k, v in metrics[0].items() if k not in ("param_sum", "param_sq")})
 
 
 def check_in_sync(metrics: list[dict[str, Any]]) -> None:
@@ -88,8 +88,8 @@ def _worker(config: dict[str, Any]) -> None:
 
 def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, storage_path: str | Path,
                        name: str = "supernet-ddp", log_file: str | Path | None = None,
-                       mlflow_uri: str | None = None, mlflow_run_id: str | None = None,
-                       max_failures: int = 0) -> dict[str, Any]:
+                       mlflow_uri: str | None = None, experiment: str | None = None,
+                       supernet_run_id: str | None = None, max_failures: int = 0) -> dict[str, Any]:
     """Train the sweep's supernet with ``spec.resources.workers`` data-parallel Ray Train workers.
 
     Needs a running Ray (``ray.init``). Each worker gets ``resources.cpu`` CPUs and, when
@@ -99,7 +99,7 @@ def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path,
         spec, data: the sweep and its prepared corpus.
         out_dir: the supernet folder (shared by the workers: a shared filesystem on a multi-node cluster).
         storage_path: Ray Train's run folder (a local path or URI).
-        log_file, mlflow_uri, mlflow_run_id: see :class:`ReportSink`.
+        log_file, mlflow_uri, experiment, supernet_run_id: see :class:`ReportSink`.
         max_failures: worker-group restarts (each resumes from the last checkpoint in ``out_dir``).
     Returns:
         The final metrics of :func:`trainers.train_supernet` (rank 0's ``metrics.json``).
@@ -122,9 +122,17 @@ def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path,
                                      resources_per_worker={"CPU": res.cpu, **({"GPU": res.gpu} if use_gpu else {})}),
         run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()) if "://" not in str(storage_path)
                              else str(storage_path),
-                             callbacks=[ReportSink(log_file, mlflow_uri, mlflow_run_id)],
+                             callbacks=[ReportSink(log_file, mlflow_uri, experiment, supernet_run_id)],
                              failure_config=FailureConfig(max_failures=max_failures)),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        if supernet_run_id:  # stage runs the controller left open (stage_eval off, or a failure)
+            from nas import tracking
+
+            done = (out_dir / "metrics.json").is_file()
+            for run in tracking.find_tagged_runs(experiment, {tracking.TAG_PARENT: supernet_run_id}, status="RUNNING"):
+                tracking.end_run(run.info.run_id, "FINISHED" if done else "FAILED")
     return json.loads((out_dir / "metrics.json").read_text())
 
