@@ -238,3 +238,33 @@ def test_searcher_records_errors_caps_concurrency_and_fails_non_finite_objective
     assert [t.state for t in trials] == [TrialState.FAIL] * 3
     assert trials[0].user_attrs["error"] == "RuntimeError: boom (error.txt)"
     assert "bleu=nan" in trials[1].user_attrs["error"] and "Ray trial logs" in trials[2].user_attrs["error"]
+
+
+def test_ray_state_files_cut_short_by_a_kill_are_set_aside_before_restore(tmp_path):
+    import pickle
+
+    from ray import cloudpickle
+
+    from nas.search.runner import _restorable
+
+    exp = tmp_path / "sweep-search"
+    exp.mkdir()
+    (exp / "tuner.pkl").write_bytes(pickle.dumps({"ok": 1}))
+    older, newer = "2026-01-01_00-00-00", "2026-01-01_00-10-00"
+    (exp / f"experiment_state-{older}.json").write_text('{"trial_data": []}')
+    (exp / f"experiment_state-{newer}.json").write_text('{"trial_da')  # the kill cut Ray's copy short
+    for session in (older, newer):
+        (exp / f"search_gen_state-{session}.json").write_bytes(cloudpickle.dumps({"counter": 1}))
+    assert _restorable(exp)
+    names = sorted(p.name for p in exp.iterdir())
+    assert f"experiment_state-{newer}.json.corrupt" in names
+    assert f"search_gen_state-{newer}.json.ahead" in names  # it would go with the lost trial list
+    assert f"experiment_state-{older}.json" in names and f"search_gen_state-{older}.json" in names
+
+    (exp / f"search_gen_state-{older}.json").write_bytes(b"\x80\x05trunc")
+    assert not _restorable(exp) and not exp.exists()  # no searcher state: a fresh experiment, set aside
+    assert len(list(tmp_path.glob("sweep-search.unrestorable-*"))) == 1
+
+    exp.mkdir()
+    (exp / "tuner.pkl").write_bytes(pickle.dumps({"ok": 1})[:5])  # killed while Tuner() wrote it
+    assert not _restorable(exp)

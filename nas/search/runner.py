@@ -254,15 +254,40 @@ def _restorable(exp_dir: Path) -> bool:
         console.print(f"[yellow]{exp_dir / 'tuner.pkl'} is unreadable ({type(e).__name__}); starting the "
                       "Ray Tune experiment afresh[/yellow]")
         return False
-    states = sorted(exp_dir.glob("experiment_state-*.json"))
-    for path in list(states):
-        try:
-            json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            path.rename(path.with_suffix(".json.corrupt"))
-            states.remove(path)
-            console.print(f"[yellow]moved aside a Ray experiment state cut short by the kill: {path}[/yellow]")
-    return bool(states)
+    from ray import cloudpickle
+
+    def load_json(blob: bytes) -> Any:
+        return json.loads(blob.decode("utf-8"))
+
+    readers = {"experiment_state-*.json": load_json, "search_gen_state-*.json": cloudpickle.loads,
+               "basic-variant-state-*.json": cloudpickle.loads}  # the trials, then the searcher (ours or Ray's default)
+    valid = {}
+    for pattern, read in readers.items():
+        valid[pattern] = []
+        for path in sorted(exp_dir.glob(pattern)):
+            try:
+                read(path.read_bytes())
+                valid[pattern].append(path)
+            except Exception:  # cut short while Ray copied it to the experiment folder
+                path.rename(path.with_name(path.name + ".corrupt"))
+                console.print(f"[yellow]moved aside a Ray state file cut short by the kill: {path}[/yellow]")
+    def session(path: Path) -> str:
+        return path.name.split("-", 1)[1] if path.name.startswith("experiment_state") else path.name.rsplit("state-", 1)[1]
+
+    if valid["experiment_state-*.json"]:  # a searcher state newer than the trials it goes with would skip trials
+        newest = max(session(p) for p in valid["experiment_state-*.json"])
+        for pattern in ("search_gen_state-*.json", "basic-variant-state-*.json"):
+            for path in [p for p in valid[pattern] if session(p) > newest]:
+                path.rename(path.with_name(path.name + ".ahead"))
+                valid[pattern].remove(path)
+    searcher_state = valid["search_gen_state-*.json"] or valid["basic-variant-state-*.json"]
+    if valid["experiment_state-*.json"] and not searcher_state:  # killed between Ray's two writes
+        aside = exp_dir.with_name(f"{exp_dir.name}.unrestorable-{time.strftime('%Y%m%d-%H%M%S')}")
+        exp_dir.rename(aside)
+        console.print(f"[yellow]{aside}: no readable search state; starting the Ray Tune experiment afresh (the "
+                      "Optuna study keeps every trial)[/yellow]")
+        return False
+    return bool(valid["experiment_state-*.json"])
 
 
 def _tuner(trainable, exp_dir: Path, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
