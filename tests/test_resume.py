@@ -189,6 +189,25 @@ def test_searcher_gives_an_orphan_optuna_trial_to_the_next_ray_trial(multi30k, t
     space.from_params({k: v for k, v in taken.items() if k != "optuna_trial"})  # a complete arch
 
 
+def test_searcher_replays_trials_that_finished_after_rays_last_checkpoint(multi30k, tmp_path):
+    searcher, restart, _ = _searcher(multi30k, tmp_path, trials=3)
+    searcher.sync([])
+    first, second = searcher.suggest("r0"), searcher.suggest("r1")
+    searcher.on_trial_complete("r0", error=True)
+    searcher.fail("r0", "RuntimeError: boom")
+    searcher.on_trial_complete("r1", {"bleu": 2.0})
+    resumed = restart()
+    resumed.sync([])  # killed before Ray's first checkpoint: Ray knows neither trial
+    replay_fail, replay_done = resumed.suggest("x0"), resumed.suggest("x1")
+    assert replay_fail == {**first, "optuna_finished": "FAIL", "optuna_error": "RuntimeError: boom"}
+    assert replay_done == {**second, "optuna_finished": "COMPLETE"}
+    resumed.on_trial_complete("x1", {"bleu": 2.0})
+    resumed.on_trial_complete("x0", error=True)
+    resumed.fail("x0", "RuntimeError: replayed")
+    assert resumed.study.get_trials()[0].user_attrs["error"] == "RuntimeError: boom"  # told once, not again
+    assert resumed.suggest("x2")["optuna_trial"] == 2 and resumed.suggest("x3") == "FINISHED"
+
+
 def test_searcher_completes_the_params_of_a_trial_a_kill_cut_short(multi30k, tmp_path):
     searcher, restart, space = _searcher(multi30k, tmp_path, trials=1)
     searcher.sync([])

@@ -17,13 +17,13 @@ from ray.tune import Callback
 from rich.console import Console
 
 from nas import tracking
-from nas.search.searcher import OPTUNA_TRIAL_KEY, _error_line
+from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, _error_line
 
 __all__ = ["MlflowTrialCallback"]
 
 _console = Console(stderr=True, highlight=False)  # module level: the callback itself is pickled by Ray
 _NOT_METRICS = {"step", "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "time_since_restore",
-                "iterations_since_restore", "pid", "done", OPTUNA_TRIAL_KEY}
+                "iterations_since_restore", "pid", "done", *CONTROL_KEYS}
 
 
 class MlflowTrialCallback(Callback):
@@ -83,8 +83,8 @@ class MlflowTrialCallback(Callback):
         """The trial's existing child run (reopened unless FINISHED) or a new one."""
         key = {tracking.TAG_PARENT: self.parent_run_id, tracking.TAG_ROLE: self.role}
         tags = {**self.tags, tracking.TAG_TRIAL_ID: trial.trial_id}
-        config = dict(trial.config)
-        number = config.pop(OPTUNA_TRIAL_KEY, None)
+        config = {k: v for k, v in trial.config.items() if k not in CONTROL_KEYS}
+        number = trial.config.get(OPTUNA_TRIAL_KEY)
         if number is not None:
             key[tracking.TAG_OPTUNA_TRIAL] = tags[tracking.TAG_OPTUNA_TRIAL] = str(number)
         params = {**self.params, **config}
@@ -95,8 +95,8 @@ class MlflowTrialCallback(Callback):
                                       tags=tags, params=params)
         run = existing[0]
         run_id = run.info.run_id
-        if run.info.status == "FINISHED":
-            self.done.add(trial.trial_id)
+        if run.info.status == "FINISHED" or (run.info.status == "FAILED" and trial.config.get(FINISHED_KEY) == "FAIL"):
+            self.done.add(trial.trial_id)  # recorded before: left as it is
             return run_id
         if run.info.status != "RUNNING":
             tracking.reopen_run(run_id)

@@ -11,7 +11,8 @@ is the single source of truth:
   :meth:`DurableOptunaSearch.sync`, which tells Optuna what Ray already knows (completed / errored);
 - an Optuna trial asked before the kill whose Ray trial was never persisted (an *orphan*) is given to
   the next new Ray trial instead of asking Optuna again, so Optuna and Ray end with ``search.trials``
-  trials each, and nothing is sampled twice;
+  trials each, and nothing is sampled twice; a trial that even finished (COMPLETE or FAIL) between two
+  of Ray's checkpoints gets a Ray trial that only replays its stored result (or its error);
 - :meth:`DurableOptunaSearch.suggest` returns ``FINISHED`` once the study holds ``search.trials``
   trials (Ray's ``num_samples`` is left unbounded), and limits concurrency itself (no
   ``ConcurrencyLimiter``, whose pickled live-trial set can go stale across a kill);
@@ -33,11 +34,18 @@ from ray.tune.search import Searcher
 
 from nas.space.spec import SearchSpec, SpecError
 
-__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "make_sampler", "OPTUNA_TRIAL_KEY", "ATTR_ERROR",
-           "ATTR_RAY_TRIAL", "redact_url"]
+__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "make_sampler", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
+           "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL", "redact_url"]
 
 OPTUNA_TRIAL_KEY = "optuna_trial"
 """Key of the Optuna trial number in a Ray trial's config (stripped before the arch is built)."""
+FINISHED_KEY = "optuna_finished"
+"""Config key of a Ray trial standing in for an Optuna trial that finished before a kill lost its Ray trial:
+the Optuna state (``COMPLETE`` or ``FAIL``); the trial replays the stored result or re-raises the error."""
+ERROR_KEY = "optuna_error"
+"""Config key: the recorded error of such a ``FAIL`` trial."""
+CONTROL_KEYS = (OPTUNA_TRIAL_KEY, FINISHED_KEY, ERROR_KEY)
+"""Config keys that are not arch parameters."""
 ATTR_RAY_TRIAL = "ray_trial_id"
 """Optuna user attribute: the Ray trial id the trial was first asked for."""
 ATTR_ERROR = "error"
@@ -238,7 +246,14 @@ class DurableOptunaSearch(Searcher):
             return None
         trials = self._trials()
         assigned = set(self._known.values())
-        orphans = [t for t in trials if t.state in _OPEN and t.number not in assigned]
+        unknown = [t for t in trials if t.number not in assigned]  # Ray lost them with the kill
+        orphans = [t for t in unknown if t.state in _OPEN]
+        if unknown and not orphans:  # finished between two Ray checkpoints: a Ray trial that replays it
+            frozen = unknown[0]
+            self._known[trial_id] = frozen.number
+            self._live.add(trial_id)
+            extra = {ERROR_KEY: str(frozen.user_attrs.get(ATTR_ERROR, ""))} if frozen.state == TrialState.FAIL else {}
+            return {**frozen.params, OPTUNA_TRIAL_KEY: frozen.number, FINISHED_KEY: frozen.state.name, **extra}
         if orphans:  # asked before a kill, never persisted by Ray: this new Ray trial takes it over
             trial = optuna.trial.Trial(self.study, orphans[0]._trial_id)
         elif len(trials) >= self.search.trials:

@@ -40,7 +40,7 @@ from nas.data import PreparedData
 from nas.evaluate import corpus_scores, latency_ms, translate, valid_loss
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
-from nas.search.searcher import OPTUNA_TRIAL_KEY
+from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 
@@ -107,14 +107,17 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     Raises:
         FloatingPointError: a metric is NaN or infinite (names the metrics and the arch).
         torch.OutOfMemoryError: the arch does not fit in memory (names the arch).
-        RuntimeError: injected by ``NAS_TEST_FAULT=raise`` (tests only).
+        RuntimeError: injected by ``NAS_TEST_FAULT=raise`` (tests only), or the replay of a trial that failed
+            before the driver was killed.
     """
     number = config.get(OPTUNA_TRIAL_KEY)
-    params = {k: v for k, v in config.items() if k != OPTUNA_TRIAL_KEY}
+    params = {k: v for k, v in config.items() if k not in CONTROL_KEYS}
     stored = _load_result(ctx, number)
     if stored is not None:
         tune.report(stored)
         return
+    if config.get(FINISHED_KEY) == "FAIL":  # failed before a kill lost its Ray trial: record it again, as is
+        raise RuntimeError(f"Optuna trial {number} failed before the driver was killed: {config.get(ERROR_KEY)}")
     torch.set_num_threads(max(1, int(ctx.spec.search.cpu_per_trial)))
     arch = SearchSpace.from_spec(ctx.spec).from_params(params)
     fault = _injected_fault(ctx, number)
