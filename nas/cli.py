@@ -60,6 +60,12 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     if resume and status:
         _fail("pass --resume NAME or --status NAME, not both")
     spec = _spec_for(file, resume or status, workdir, check_files=not status)
+    from nas.preflight import BackendError, check_backends
+
+    try:  # before Ray, MLflow or any folder: an unreachable tracking server, database or Ray address
+        check_backends(spec, None if status else address)
+    except BackendError as e:
+        _fail(str(e))
     from nas import tracking
     from nas.data import DataError
     from nas.search import SweepFailed, run_sweep, sweep_status

@@ -257,9 +257,17 @@ def _open_prepared(root: Path) -> PreparedData:
 
 
 def _check_exist(paths: list[Path]) -> None:
+    """Each path is a readable file (before anything is hashed, read or written); DataError naming its key."""
     for path, key in zip(paths, _KEYS):
+        if path.is_dir():
+            raise DataError(f"{key}: {path} is a folder, not a data file; {_fix_hint(key)}")
         if not path.is_file():
             raise DataError(f"data file not found: {path}; {_fix_hint(key)}")
+        try:
+            path.open("rb").close()
+        except OSError as e:
+            raise DataError(f"{key}: cannot read data file {path} ({e.strerror or e}); make it readable "
+                            f"or {_fix_hint(key)}") from e
 
 
 def _read_pairs(

@@ -6,8 +6,13 @@ root in the README's commands).
 
 from __future__ import annotations
 
+import collections
 import difflib
+import gzip
+import io
+import re
 import typing
+import zlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -542,21 +547,148 @@ def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(model.model_fields)})"
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
+_UNION_MEMBER = re.compile(r"^(int|str|float|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\])$")
+"""The pseudo keys pydantic puts in an error's location for the members of a plain union (``int | str``)."""
+
+
+def _merge_union_errors(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One error per value that fits no member of a union such as ``int | str | list[int]`` (pydantic reports it
+    once per member, under the pseudo keys ``.int``, ``.str``, ``.list[int]``): the inner error when the value
+    was a container of the right kind (``[3, 'a']``: item 1 is not an integer), else the members' messages joined."""
+    keyed: list[tuple[tuple | None, tuple]] = []  # per error: (location of the value, location inside the member)
+    for e in errors:
         loc = tuple(e["loc"])
-        path = ".".join(str(p) for p in loc) or "<top level>"
-        if e["type"] == "extra_forbidden":
-            lines.append(f"{source}: {path}: unknown key{_did_you_mean(loc, SweepSpec)}")
+        tags = [i for i, part in enumerate(loc) if isinstance(part, str) and _UNION_MEMBER.match(part)]
+        ok = tags and e["type"] != "extra_forbidden"
+        keyed.append((loc[:tags[-1]], loc[tags[-1] + 1:]) if ok else (None, ()))
+    sizes = collections.Counter(prefix for prefix, _ in keyed if prefix is not None)
+    merged: list[dict[str, Any]] = []
+    done: set[tuple] = set()
+    for e, (prefix, _) in zip(errors, keyed):
+        if prefix is None or sizes[prefix] < 2:
+            merged.append(e)
+            continue
+        if prefix in done:
+            continue
+        done.add(prefix)
+        members = [(rest, m) for m, (p, rest) in zip(errors, keyed) if p == prefix]
+        inner = [{**m, "loc": prefix + rest} for rest, m in members if rest]
+        if inner:
+            merged += inner
+        else:
+            msgs = [m["msg"].removeprefix("Input should be ").replace(", ", " (", 1) for _, m in members]
+            msgs = [msg + ")" if " (" in msg else msg for msg in msgs]  # "a valid integer (unable to parse ...)"
+            merged.append({"type": "union", "loc": prefix, "input": members[0][1].get("input"),
+                           "msg": f"Input should be {', '.join(msgs[:-1])} or {msgs[-1]}"})
+    return merged
+
+
+def _key_text(part: Any) -> str:
+    text = str(part)
+    return text if text and text.isprintable() and text.strip() == text else repr(part)
+
+
+def _short_repr(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    """One line per problem: ``<file>: <key path>: <what is wrong and the fix>``."""
+    lines = []
+    for e in _merge_union_errors(err.errors()):
+        loc = tuple(e["loc"])
+        path = ".".join(_key_text(p) for p in loc) or "<top level>"
+        hint = _did_you_mean(loc, SweepSpec) if e["type"] in ("extra_forbidden", "invalid_key") else ""
+        if e["type"] == "extra_forbidden" or hint:  # invalid_key: a number, boolean or null where a name goes
+            line = f"{source}: {path}: unknown key{hint}"
         elif e["type"] == "missing":
-            lines.append(f"{source}: {path}: required key is missing")
+            line = f"{source}: {path}: required key is missing"
         elif e["type"] == "value_error":
             msg = str(e.get("ctx", {}).get("error", e["msg"]))
-            lines.append(f"{source}: {path + ': ' if loc else ''}{msg}")
+            line = f"{source}: {path + ': ' if loc else ''}{msg}"
         else:
-            lines.append(f"{source}: {path}: {e['msg']} (got {e.get('input')!r})")
+            line = f"{source}: {path}: {e['msg']} (got {_short_repr(e.get('input'))})"
+        lines.append(line.replace("\r", "\\r").replace("\n", "\\n"))  # one line per problem, whatever the values
     return "\n".join(lines)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key repeated in one mapping (PyYAML silently keeps the last one, so
+    a second ``space:`` section would drop the first). Keys merged in with ``<<:`` may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first.line + 1}); keep one of them",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _count_lines(f: Path, key: str, source: str) -> int:
+    """Lines of a data file as ``nas.data.read_lines`` splits them (gzip or plain UTF-8, universal newlines).
+
+    Raises:
+        SpecError: ``f`` is a folder or not a regular file, unreadable, not valid gzip, not UTF-8 or empty;
+            names ``key``.
+    """
+    where = f"{source}: {key}"
+    if f.is_dir():
+        raise SpecError(f"{where}: {f} is a folder, not a data file; point {key} at a text file "
+                        f"(one sentence per line, gzip or plain UTF-8)")
+    if not f.is_file():
+        raise SpecError(f"{where}: {f} is not a regular file; point {key} at a text file")
+    try:
+        with f.open("rb") as raw:
+            gz = f.suffix == ".gz" or raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            with (gzip.open(raw, "rt", encoding="utf-8") if gz else io.TextIOWrapper(raw, encoding="utf-8")) as text:
+                count = sum(1 for _ in text)
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{where}: {f} is not UTF-8 text ({e.reason}); convert it (iconv -t UTF-8) "
+                        f"or point {key} at a UTF-8 copy") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise SpecError(f"{where}: {f} is not a valid gzip file ({e or 'truncated'}); download it again "
+                        f"or point {key} at the uncompressed file") from None
+    except OSError as e:
+        raise SpecError(f"{where}: cannot read {f} ({e.strerror or e}); make it readable (chmod a+r) "
+                        f"or point {key} at a readable copy") from None
+    if count == 0:
+        raise SpecError(f"{where}: {f} is empty; point {key} at a file with one sentence per line")
+    return count
+
+
+def _check_data_files(spec: "SweepSpec", source: str) -> None:
+    """Every data file is readable text, and each split's source and target files have equally many lines
+    (checked whole, as ``nas.data.prepare_data`` does, before anything is trained or written).
+
+    Raises:
+        SpecError: naming the YAML key (``data.train.src``...), the path and the fix.
+    """
+    pairs = {split: getattr(spec.data, split) for split in ("train", "valid")}
+    for split, pair in pairs.items():  # every path first: a missing file is reported before any counting
+        for side in ("src", "tgt"):
+            f = getattr(pair, side)
+            if not f.exists():
+                raise SpecError(f"{source}: data.{split}.{side}: file not found: {f} (resolved from {Path.cwd()}); "
+                                f"fix the path or run from the folder it is relative to")
+    for split, pair in pairs.items():
+        src_lines = _count_lines(pair.src, f"data.{split}.src", source)
+        tgt_lines = _count_lines(pair.tgt, f"data.{split}.tgt", source)
+        if src_lines != tgt_lines:
+            raise SpecError(f"{source}: data.{split}: source and target are misaligned: data.{split}.src {pair.src} "
+                            f"has {src_lines} lines but data.{split}.tgt {pair.tgt} has {tgt_lines}; line i of one "
+                            f"must translate line i of the other: point both keys at the two sides of one corpus "
+                            f"(or remove the extra lines)")
 
 
 def parse_spec(raw: Any, source: str = "<yaml>") -> SweepSpec:
@@ -574,8 +706,10 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
 
     Raises:
         SpecError: unreadable file, malformed YAML (with the line number), an unknown key
-            (with a suggestion), a wrong type, an impossible space, or (``check_files``)
-            a missing data file, each naming the key path.
+            (with a suggestion), a duplicated key, a wrong type, an impossible space, or
+            (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
+            or empty, or source and target files of a split with different line counts; each names
+            the key path.
     """
     path = Path(path)
     try:
@@ -585,17 +719,12 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
     except UnicodeDecodeError as e:
         raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # the safe loader, plus duplicate-key errors
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
     spec = parse_spec(raw, str(path))
     if check_files:
-        for split in ("train", "valid"):
-            for side in ("src", "tgt"):
-                f = getattr(getattr(spec.data, split), side)
-                if not f.is_file():
-                    raise SpecError(f"{path}: data.{split}.{side}: file not found: {f} "
-                                    f"(resolved from {Path.cwd()}); fix the path or run from the folder it is relative to")
+        _check_data_files(spec, str(path))
     return spec
