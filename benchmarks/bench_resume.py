@@ -2,7 +2,7 @@
 
     python benchmarks/bench_resume.py [--trials 12] [--kills 5] [--seed 0] [--work DIR]
 
-A tiny sweep (C=32 supernet, 300 Multi30k pairs, 12 validation sentences) runs as `nas sweep FILE` in a
+A tiny sweep (C=32 supernet, 300 Multi30k pairs, 24 validation sentences) runs as `nas sweep FILE` in a
 subprocess. The driver gets SIGKILL at ``--kills`` random moments (uniform in [--min-s, --max-s] seconds
 after each start: during start-up, data preparation, supernet training or the search) and is started
 again each time with the same command; the last run goes to the end. Ray processes that the killed
@@ -39,7 +39,7 @@ def spec_dict(work: Path, trials: int, train_steps: int) -> dict:
         "name": "resume-bench",
         "data": {"train": {"src": str(MULTI30K / "train.en.gz"), "tgt": str(MULTI30K / "train.de.gz")},
                  "valid": {"src": str(MULTI30K / "val.en.gz"), "tgt": str(MULTI30K / "val.de.gz")},
-                 "tokenizer": {"vocab_size": 400}, "max_train_pairs": 300, "max_valid_pairs": 12,
+                 "tokenizer": {"vocab_size": 400}, "max_train_pairs": 300, "max_valid_pairs": 24,
                  "cache_dir": str(work / "data")},
         "supernet": {"model_dim": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
                      "branches": 2, "max_positions": 128},
@@ -62,6 +62,21 @@ def phase(log: str) -> str:
              ("ray start", "resuming sweep"), ("data", "prepared data"), ("data", "reusing prepared data")]
     last = max(((log.rfind(m), name) for name, m in marks), default=(-1, ""))
     return last[1] if last[0] >= 0 else "start-up"
+
+
+def completed(spec_file: Path) -> int:
+    """COMPLETE trials in the sweep's Optuna journal (0 before the search starts)."""
+    import optuna
+
+    run_dir = spec_file.parent / "runs" / "resume-bench"
+    if not (run_dir / "sweep.json").is_file() or not (run_dir / "optuna.journal").is_file():
+        return 0
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
+    try:
+        study = optuna.load_study(study_name=json.loads((run_dir / "sweep.json").read_text())["sweep_id"], storage=storage)
+    except KeyError:
+        return 0
+    return sum(t.state.name == "COMPLETE" for t in study.get_trials(deepcopy=False))
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -91,8 +106,8 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--min-s", type=float, default=8.0)
-    ap.add_argument("--max-s", type=float, default=70.0)
+    ap.add_argument("--min-s", type=float, default=5.0)
+    ap.add_argument("--max-s", type=float, default=45.0)
     ap.add_argument("--train-steps", type=int, default=24)
     ap.add_argument("--work", type=Path, default=None, help="Folder to work in (default: a new temporary one).")
     args = ap.parse_args()
@@ -113,10 +128,14 @@ def main() -> None:
         rc, log = run_once(cmd, env, work, work / f"driver_{attempt}.log", delay)
         if rc is None:
             kills += 1
-            print(f"  kill {kills}: SIGKILL after {delay:5.1f} s, during {phase(log)}", flush=True)
+            print(f"  kill {kills}: SIGKILL after {delay:5.1f} s, during {phase(log)}; "
+                  f"{completed(spec_file)}/{args.trials} trials complete in Optuna", flush=True)
             continue
-        if rc != 0 and kills < args.kills:
-            print(f"  run {attempt} ended with exit code {rc} before its kill; see {work}/driver_{attempt}.log")
+        if kills < args.kills:
+            print(f"  run {attempt} ended (exit code {rc}) before its kill, after {kills} kill(s); lower --max-s "
+                  f"or raise --trials; see {work}/driver_{attempt}.log")
+            if rc != 0:
+                print(log[-3000:])
             break
         print(f"  run {attempt}: {'finished' if rc == 0 else f'exit code {rc}'} "
               f"({'after' if kills else 'without'} {kills} kill(s) before); total {time.monotonic() - t0:.0f} s")
