@@ -342,23 +342,26 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         experiment = spec.experiment
         tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
                 "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
-        parent = _parent_run(spec, record, tags, resumed)
         try:
-            killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
-            if killed:
-                console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
-            ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir, results_dir=results_dir(spec, sweep_id))
-            supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
-            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
-            tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed, "trials_failed": failed})
-            if completed == 0:
-                raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
-                                  + "\n".join(f"  trial {n}: {e}" for n, e in errors)
-                                  + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
-            tracking.end_run(parent, "FINISHED")
-        except BaseException as e:
-            tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
-            raise
+            parent = _parent_run(spec, record, tags, resumed)
+            try:
+                killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
+                if killed:
+                    console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
+                ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir,
+                                   results_dir=results_dir(spec, sweep_id))
+                supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
+                completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
+                tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed,
+                                              "trials_failed": failed})
+                if completed == 0:
+                    raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
+                                      + "\n".join(f"  trial {n}: {e}" for n, e in errors)
+                                      + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
+                tracking.end_run(parent, "FINISHED")
+            except BaseException as e:
+                tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+                raise
         finally:
             if started_ray:
                 ray.shutdown()
