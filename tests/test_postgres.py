@@ -74,8 +74,8 @@ def test_unreachable_optuna_postgres_exits_2_naming_the_storage(multi30k, tmp_pa
     spec_file.write_text(yaml.safe_dump(raw))
     proc = run_nas(["sweep", str(spec_file)], nas_env(tmp_path), tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "tracking.optuna_storage: cannot open the Optuna study storage at postgresql://nas:***@127.0.0.1:1/optuna" \
-        in proc.stderr.replace("\n", "")
+    message = proc.stderr.replace("\n", "")
+    assert "tracking.optuna_storage" in message and "postgresql://nas:***@127.0.0.1:1/optuna" in message
     assert "secret" not in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs" / "tiny" / "sweep.json").exists()  # nothing half-started to trip a retry
 
@@ -96,3 +96,12 @@ def test_storage_password_stays_out_of_tuner_pickle_and_sweep_record(multi30k, t
     assert pickle.loads(blob).storage_url == "postgresql://nas:***@db:5432/optuna"
     record = SweepRecord("tiny-1", "tiny", "now", "f.yaml", str(tmp_path), _settings(spec))
     assert "s3cret" not in json.dumps(record.__dict__)
+
+
+def test_opening_an_unreachable_study_storage_names_the_masked_url(tmp_path):
+    from nas.search.searcher import StudyRef
+    from nas.space.spec import SpecError
+
+    with pytest.raises(SpecError, match=r"tracking.optuna_storage: cannot open .* postgresql://nas:\*\*\*@127.0.0.1:1/o") as e:
+        StudyRef("s", tmp_path / "j", "postgresql://nas:s3cret@127.0.0.1:1/o").storage()
+    assert "s3cret" not in str(e.value)
