@@ -446,5 +446,55 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
               f"({metrics['holdout_samples']} of {len(measured)} held out); predictor: {target}")
 
 
+@app.command()
+def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
+             k: int = typer.Option(8, "--k", min=2, help="Sub-Transformers compared: the narrowest, the widest and K-2 "
+                                                         "spread over parameter count."),
+             steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Standalone training steps per "
+                                                 "sub-Transformer, from scratch (default: the YAML's train.steps)."),
+             metric: str = typer.Option("bleu", help="bleu | valid_loss: the validation score whose rankings are compared."),
+             seed: int = typer.Option(0, help="Seed of the sampled sub-Transformers and the standalone initialisation."),
+             out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for arch_<id>.json and fidelity.json "
+                                                    "(default: <workdir>/<name>/fidelity/steps_<N>_seed_<S>).")) -> None:
+    """Ranking fidelity: inherited-weight scores of K sub-Transformers against the same ones trained from scratch
+    (Kendall tau, Spearman rho). Resumable: rerun it to continue."""
+    from nas.fidelity import METRICS
+
+    if metric not in METRICS:
+        _fail(f"--metric {metric!r}: expected one of {' | '.join(METRICS)}")
+    spec = _load(file)
+    from rich.table import Table
+
+    from nas import tracking
+    from nas.data import DataError
+    from nas.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
+    from nas.search.runner import prepare_sweep_data
+
+    try:
+        check_supernet(spec, file)
+        data = prepare_sweep_data(spec)
+        result = run_fidelity(spec, data, k=k, steps=steps, metric=metric, seed=seed, out_dir=out_dir)
+    except (FileNotFoundError, DataError, ValueError) as e:
+        _fail(str(e))
+    table = Table(title=f"{spec.name}: ranking fidelity ({metric}, {result.steps} standalone steps)")
+    for col, justify in (("arch", "left"), ("params (M)", "right"), ("inherited", "right"), ("standalone", "right")):
+        table.add_column(col, justify=justify, overflow="fold")
+    digits = 3 if metric == "valid_loss" else 2
+    for r in result.rows:
+        table.add_row(escape(r["arch_summary"]), f"{r['params_m']:.2f}", f"{r['inherited'][metric]:.{digits}f}",
+                      f"{r['standalone'][metric]:.{digits}f}")
+    out.print(table)
+    c = result.correlation
+    out.print(f"Kendall tau {c.kendall_tau:.3f} (p {c.kendall_p:.3f}), Spearman rho {c.spearman_rho:.3f} "
+              f"(p {c.spearman_p:.3f}) over {len(result.rows)} sub-Transformers; {result.trained} trained now, "
+              f"{len(result.rows) - result.trained} reused from {escape(str(result.out_dir))}", highlight=False)
+    note = warning_text(result)
+    if note:
+        out.print(f"[yellow]warning: {escape(note)}[/yellow]", highlight=False)
+    run_id = log_fidelity(spec, result)
+    out.print(f"wrote {escape(str(result.path))}; MLflow: experiment '{escape(spec.experiment)}', run {run_id} "
+              f"at {escape(tracking.tracking_uri())}", highlight=False)
+
+
 if __name__ == "__main__":
     app()
