@@ -1,12 +1,13 @@
 """Supernet training speed against torch.nn.Transformer, and inherited-weight evaluations per hour.
 
-Run: ``python benchmarks/bench_train.py [search_spaces/quickstart.yaml] [--steps 30]``
+Run: ``python benchmarks/bench_train.py [search_spaces/quickstart.yaml] [--steps 30] [--sandwich-k 0 1 2]``
 
 Prints, side by side from one run (interleaved rounds, so machine noise hits both alike):
 - training tokens/s of the supernet's widest sub-Transformer vs ``torch.nn.Transformer``
   (same dimensions, pre-norm, tied embeddings, same batches, same precision), and their ratio
   (goal: nn.Transformer / supernet time <= 1.15);
-- training tokens/s of one sandwich-rule step (widest + narrowest + k random) relative to the widest alone;
+- training tokens/s of one sandwich-rule step (widest + narrowest + k random, for each ``--sandwich-k``)
+  relative to the widest alone;
 - inherited-weight evaluations per hour: ``score_arch`` (BLEU, chrF, loss, params, latency) of
   random sub-Transformers on ``--valid`` validation sentences.
 """
@@ -72,6 +73,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--valid", type=int, default=200, help="validation sentences per evaluation")
     parser.add_argument("--evals", type=int, default=3, help="random sub-Transformers evaluated")
+    parser.add_argument("--sandwich-k", type=int, nargs="+", default=None,
+                        help="random sub-Transformers per sandwich step to time, e.g. 0 1 2 (default: train.sandwich_k)")
     args = parser.parse_args()
 
     spec = load_spec(args.spec)
@@ -95,9 +98,10 @@ def main() -> None:
         "nn.Transformer": (ref, lambda: [None]),
         "supernet, nn.Transformer's dims": (supernet, lambda: [one_branch]),
         "supernet widest": (supernet, lambda: [widest]),
-        f"sandwich (widest+narrowest+{tr.sandwich_k})": (
-            supernet, lambda: [widest, space.narrowest()] + [space.sample(rng) for _ in range(tr.sandwich_k)]),
     }
+    for k in args.sandwich_k if args.sandwich_k is not None else [tr.sandwich_k]:
+        runs[f"sandwich (widest+narrowest+{k})"] = (
+            supernet, lambda k=k: [widest, space.narrowest()] + [space.sample(rng) for _ in range(k)])
     optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4) for name, (m, _) in runs.items()}
     times: dict[str, list[float]] = {name: [] for name in runs}
     ntok = sum(b.ntokens for b in batches)

@@ -68,6 +68,11 @@ def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
             assert run.data.metrics["latency_ms"] > 0 and 0 < run.data.metrics["params_m"] < 1
             arch = json.loads(Path(client.download_artifacts(run.info.run_id, "arch.json")).read_text())
             assert run.data.params["encoder.layers"] == str(len(arch["encoder"]["width"]))
+        (stage,) = tracking.find_runs("e2e", parent_run_id=supernet.info.run_id)  # one training stage
+        assert stage.info.run_name == "stage 1 (joint)" and stage.info.status == "FINISHED"
+        assert {"loss_widest", "loss_narrowest", "bleu_narrowest", "bleu_middle", "bleu_widest"} <= set(stage.data.metrics)
+        assert supernet.data.metrics["stage1_bleu_widest"] == stage.data.metrics["bleu_widest"]
+        assert "pareto.png" in [a.path for a in client.list_artifacts(parent.info.run_id)]
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]
 

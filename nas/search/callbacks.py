@@ -48,6 +48,7 @@ class MlflowTrialCallback(Callback):
         self.parent_run_id: str | None = None
         self.run_ids: dict[str, str] = {}
         self.done: set[str] = set()  # Ray trial ids whose run was FINISHED before this driver started them
+        self.stages: dict[str, tracking.StageRuns] = {}  # supernet role: one nested MLflow run per training stage
         self.finished = 0
 
     def __getstate__(self) -> dict:
@@ -113,7 +114,13 @@ class MlflowTrialCallback(Callback):
             return
         metrics = {k: float(v) for k, v in result.items()
                    if k not in _NOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)}
-        tracking.log_metrics(run_id, metrics, step=int(result.get("step", result.get("training_iteration", 0))))
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        if self.role == "supernet":  # the supernet run, and the stage's nested run (Scalable Transformers sec. 3.3)
+            if trial.trial_id not in self.stages:
+                self.stages[trial.trial_id] = tracking.StageRuns(self.experiment, run_id, self.tags)
+            self.stages[trial.trial_id]({**metrics, "step": step})
+        else:
+            tracking.log_metrics(run_id, metrics, step=step)
         if "arch" in result:
             arch = json.loads(result["arch"])
             tracking.log_json_artifact(run_id, arch, "arch.json")
@@ -125,6 +132,9 @@ class MlflowTrialCallback(Callback):
         if run_id is None:
             return
         last = trial.last_result or {}
+        stages = self.stages.pop(trial.trial_id, None)
+        if stages is not None:
+            stages.close()
         if trial.trial_id not in self.done:
             bad = [k for k, v in last.items() if isinstance(v, float) and math.isnan(v)]
             tracking.end_run(run_id, "FAILED" if bad else "FINISHED")
@@ -137,6 +147,9 @@ class MlflowTrialCallback(Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         run_id = self.run_ids.pop(trial.trial_id, None)
+        stages = self.stages.pop(trial.trial_id, None)
+        if stages is not None:
+            stages.close("FAILED")
         error = _error_line(getattr(trial, "error_file", None))
         if run_id is not None and trial.trial_id not in self.done:
             tracking.get_client().set_tag(run_id, tracking.TAG_ERROR, error[:4000])

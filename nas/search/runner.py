@@ -33,6 +33,7 @@ from rich.console import Console
 
 from nas import tracking
 from nas.data import PreparedData, prepare_data
+from nas.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler, redact_url
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
@@ -233,10 +234,17 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
     else:
         ray.init(num_cpus=os.cpu_count(), **kwargs)
     cpus = ray.cluster_resources().get("CPU", 0)
-    for key, need in (("resources.cpu", spec.resources.cpu), ("search.cpu_per_trial", spec.search.cpu_per_trial)):
+    res = spec.resources
+    for key, need in (("resources.cpu", res.cpu), ("search.cpu_per_trial", spec.search.cpu_per_trial),
+                      ("resources.workers x resources.cpu", res.workers * res.cpu)):
         if need > cpus:
             ray.shutdown()
-            raise SpecError(f"{key}={need} but the Ray cluster has {cpus:g} CPUs; lower {key}")
+            raise SpecError(f"{key}={need:g} but the Ray cluster has {cpus:g} CPUs; lower {key}")
+    gpus = ray.cluster_resources().get("GPU", 0)
+    if res.gpu * res.workers > gpus:
+        ray.shutdown()
+        raise SpecError(f"resources.workers x resources.gpu={res.gpu * res.workers:g} but the Ray cluster has "
+                        f"{gpus:g} GPUs; lower resources.gpu or resources.workers")
     return True
 
 
@@ -358,6 +366,7 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
                     raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
                                       + "\n".join(f"  trial {n}: {e}" for n, e in errors)
                                       + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
+                log_pareto_plot(experiment, sweep_id, parent)  # pareto.png on the parent run
                 tracking.end_run(parent, "FINISHED")
             except BaseException as e:
                 tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
@@ -401,7 +410,11 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
         metrics = json.loads(metrics_file.read_text())
         _finish_supernet_run(experiment, parent, tags, params, metrics)
         return metrics
-    console.print(f"[bold]training the supernet[/bold] ({spec.train.steps} steps) -> {ctx.supernet_dir}")
+    console.print(f"[bold]training the supernet[/bold] ({spec.train.steps} steps"
+                  + (f", {spec.resources.workers} data-parallel workers" if spec.resources.workers > 1 else "")
+                  + f") -> {ctx.supernet_dir}")
+    if spec.resources.workers > 1:
+        return _train_stage_ddp(spec, ctx, experiment, parent, tags, params, sweep_id)
     callback = MlflowTrialCallback(experiment, sweep_id, "supernet", tags, params)
     trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
                                     {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
@@ -413,6 +426,30 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     if results.errors or not metrics_file.is_file():
         raise SweepFailed(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
     return json.loads(metrics_file.read_text())
+
+
+def _train_stage_ddp(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: str, tags: dict[str, str],
+                     params: dict[str, Any], sweep_id: str) -> dict[str, float]:
+    """Train the supernet on ``resources.workers`` Ray Train workers (:mod:`nas.search.ddp`), logging rank 0's
+    reports into the sweep's supernet run (reused after a restart) and its per-stage runs."""
+    from nas.search.ddp import train_supernet_ddp
+
+    runs = tracking.find_tagged_runs(experiment, {tracking.TAG_PARENT: parent, tracking.TAG_ROLE: "supernet"})
+    if runs:
+        run_id = runs[0].info.run_id
+        tracking.reopen_run(run_id)
+    else:
+        run_id = tracking.start_run(experiment, "supernet", role="supernet", parent_run_id=parent, tags=tags,
+                                    params=params)
+    try:
+        metrics = train_supernet_ddp(spec, ctx.data, ctx.supernet_dir, storage_path=ray_dir(spec, sweep_id, "train"),
+                                     name="ddp", mlflow_uri=tracking.tracking_uri(), experiment=experiment,
+                                     supernet_run_id=run_id, max_failures=spec.search.max_failures)
+    except BaseException as e:
+        tracking.end_run(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise SweepFailed(f"data-parallel supernet training failed: {e}"[-2000:]) from e
+    tracking.end_run(run_id, "FINISHED")
+    return metrics
 
 
 def _finish_supernet_run(experiment: str, parent: str, tags: dict[str, str], params: dict[str, Any],
