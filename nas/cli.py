@@ -1,4 +1,4 @@
-"""``nas``: sweep, train, average, leaderboard, export, translate, space.
+"""``nas``: sweep, train, average, leaderboard, report, export, translate, fidelity, space, latency.
 
 Bad input (a YAML error, a missing file, an unknown run) prints one clear message and
 exits with code 2, before anything starts.
