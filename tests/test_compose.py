@@ -313,3 +313,18 @@ def test_dockerfile_copies_only_what_its_dockerignore_lets_through(dockerfile):
             for source in sources:
                 assert source in allowed, f"COPY {source} is excluded by Dockerfile.dockerignore"
                 assert (REPO / source).exists(), f"COPY {source}: no such path"
+
+
+def test_env_example_names_every_setting_of_the_compose_file_and_env_is_ignored(compose):
+    """Credentials come from .env: .env.example lists every ${VAR} of docker-compose.yml, .env is never committed."""
+    text = (REPO / "docker-compose.yml").read_text()
+    used = {m for m in re.findall(r"\$\{([A-Z][A-Z0-9_]*)", text)}
+    example = (REPO / ".env.example").read_text()
+    listed = {line.split("=", 1)[0].strip() for line in example.splitlines() if "=" in line and not line.startswith("#")}
+    assert used - listed == set(), f"add these to .env.example: {sorted(used - listed)}"
+    assert listed - used == set(), f".env.example lists variables compose does not use: {sorted(listed - used)}"
+    for line in example.splitlines():
+        key, _, value = line.partition("=")
+        if re.search(r"PASSWORD|SECRET|TOKEN", key) and value.split("#")[0].strip():
+            assert "change-me" in value, f"{key} in .env.example must be a placeholder"
+    assert ".env" in (REPO / ".gitignore").read_text().split()
