@@ -30,10 +30,8 @@ import hashlib
 import io
 import json
 import math
-import os
 import random
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
-from nas.model.io import atomic_write_text, load_model
+from nas.model.io import atomic_write_bytes, atomic_write_text, load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
@@ -458,19 +456,6 @@ def fidelity_png(result: FidelityResult) -> bytes:
     return buf.getvalue()
 
 
-def _write_bytes_atomic(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
 
 def warning_text(result: FidelityResult) -> str | None:
     """The warning for an untrustworthy ranking (Kendall tau below :data:`TAU_WARNING` or undefined), else None."""
@@ -506,7 +491,7 @@ def log_fidelity(spec: SweepSpec, result: FidelityResult) -> str:
         c = result.correlation
         tracking.log_metrics(run_id, {"kendall_tau": c.kendall_tau, "spearman_rho": c.spearman_rho,
                                       "kendall_p": c.kendall_p, "spearman_p": c.spearman_p})
-        tracking.log_file_artifact(run_id, _write_bytes_atomic(result.out_dir / PLOT, fidelity_png(result)))
+        tracking.log_file_artifact(run_id, atomic_write_bytes(result.out_dir / PLOT, fidelity_png(result)))
         tracking.log_json_artifact(run_id, result.table(), TABLE)
     except BaseException:
         tracking.end_run(run_id, "FAILED")

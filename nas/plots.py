@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import io
 import math
-import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from nas import tracking
+from nas.model.io import atomic_write_bytes
 from nas.tracking import Objective
 
 __all__ = ["PARETO_PLOT", "log_pareto_plot", "pareto_png", "write_pareto_plot"]
@@ -73,19 +73,6 @@ def pareto_png(points: Sequence[Sequence[float | None]], on_front: Sequence[bool
     return buf.getvalue()
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
 
 def write_pareto_plot(scan: tracking.ParetoScan, out: str | Path, *, title: str = "") -> Path:
     """Write the plot of a :func:`nas.tracking.pareto_scan` made with ``keep_points=True`` to the PNG
@@ -98,7 +85,7 @@ def write_pareto_plot(scan: tracking.ParetoScan, out: str | Path, *, title: str 
         raise ValueError("this Pareto scan kept no points; call pareto_scan(..., keep_points=True)")
     flags = tracking.pareto_mask(scan.points, [o.maximize for o in scan.objectives])
     png = pareto_png(scan.points, flags, scan.objectives, title=title)
-    return _atomic_write_bytes(Path(out), png)
+    return atomic_write_bytes(Path(out), png)
 
 
 def log_pareto_plot(experiment: str, sweep_id: str, parent_run_id: str) -> str | None:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nas.model.io import atomic_write_bytes
 from nas import tracking
 from nas.plots import pareto_png
 from nas.tracking import LeaderboardRow, Objective
@@ -306,18 +305,6 @@ def render_markdown(rep: SweepReport, png_name: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def write_report(rep: SweepReport, out: str | Path, fmt: str = "html") -> list[Path]:
     """Write ``rep`` to ``out`` as ``html`` (one file) or ``md`` (``out`` plus the plot
@@ -331,9 +318,9 @@ def write_report(rep: SweepReport, out: str | Path, fmt: str = "html") -> list[P
         raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = Path(out)
     if fmt == "html":
-        _atomic_write(out, render_html(rep).encode("utf-8"))
+        atomic_write_bytes(out, render_html(rep).encode("utf-8"))
         return [out]
     png = out.with_name(f"{out.stem}.pareto.png")
-    _atomic_write(png, rep.png)
-    _atomic_write(out, render_markdown(rep, png.name).encode("utf-8"))
+    atomic_write_bytes(png, rep.png)
+    atomic_write_bytes(out, render_markdown(rep, png.name).encode("utf-8"))
     return [out, png]

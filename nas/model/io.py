@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from nas.model.supernet import SuperTransformer
 
-__all__ = ["save_model", "load_model", "atomic_write_text"]
+__all__ = ["save_model", "load_model", "atomic_write_text", "atomic_write_bytes"]
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -21,6 +21,25 @@ def atomic_write_text(path: Path, text: str) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace`` (mode 0644; no torn files).
+
+    Returns ``path``. The temporary file is removed when the write fails.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def save_model(model: SuperTransformer, directory: str | Path, name: str = "model") -> Path:
