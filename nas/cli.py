@@ -141,7 +141,8 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
         tracking.end_run(stale.info.run_id, "KILLED")
     run = tracking.start_run(spec.experiment, f"{spec.name}-supernet", role="supernet",
                              tags={"nas.supernet_dir": str(target.resolve()), "nas.data_dir": str(Path(data.root).resolve())},
-                             params={"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json")})
+                             params=spec.redact({"supernet": spec.supernet.model_dump(mode="json"),
+                                                 "train": spec.train.model_dump(mode="json")}))
     stages = tracking.StageRuns(spec.experiment, run)  # one nested run per training stage
     try:
         result = train_supernet(spec, data, target, report=stages)

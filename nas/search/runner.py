@@ -98,10 +98,22 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
                         seed=spec.train.seed, progress=progress)
 
 
-def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path:
+def _is_uri(path: str | Path) -> bool:
+    return "://" in str(path)
+
+
+def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path | str:
     """The Ray Tune experiment folder of a sweep's ``train`` or ``search`` stage (named by the sweep id, so
-    a sweep started afresh in the same folder never restores another one's experiment)."""
-    return spec.run_dir.resolve() / "ray" / f"{sweep_id}-{stage}"
+    a sweep started afresh in the same folder never restores another one's experiment), under
+    ``resources.storage_path`` (default ``<workdir>/<name>/ray``): a local folder, or a URI string
+    (``s3://bucket/prefix/<sweep id>-<stage>``) when the storage is remote."""
+    name = f"{sweep_id}-{stage}"
+    storage = spec.resources.storage_path
+    if storage is None:
+        return spec.run_dir.resolve() / "ray" / name
+    if _is_uri(storage):
+        return f"{storage.rstrip('/')}/{name}"
+    return Path(storage).expanduser().resolve() / name
 
 
 def results_dir(spec: SweepSpec, sweep_id: str) -> Path:
@@ -138,8 +150,8 @@ def _settings(spec: SweepSpec) -> dict[str, Any]:
     tracking_section = spec.tracking.model_dump(mode="json")
     if tracking_section.get("optuna_storage"):
         tracking_section["optuna_storage"] = redact_url(tracking_section["optuna_storage"])
-    return {"space": spec.space.model_dump(mode="json", exclude_none=True),
-            "search": spec.search.model_dump(mode="json"), "tracking": tracking_section}
+    return spec.redact({"space": spec.space.model_dump(mode="json", exclude_none=True),
+                        "search": spec.search.model_dump(mode="json"), "tracking": tracking_section})
 
 
 def read_sweep_record(run_dir: Path) -> SweepRecord | None:
@@ -193,7 +205,7 @@ def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -
 def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -> None:
     """Write ``sweep.yaml`` (the YAML's copy) then ``sweep.json``, each atomically: the sweep exists from here on."""
     run_dir = spec.run_dir.resolve()
-    _write_atomic(run_dir / SPEC_COPY, Path(spec_path).read_text(encoding="utf-8"))
+    _write_atomic(run_dir / SPEC_COPY, spec.redact(Path(spec_path).read_text(encoding="utf-8")))  # ${VAR} kept
     _write_atomic(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 
@@ -241,6 +253,10 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
             ray.shutdown()
             raise SpecError(f"{key}={need:g} but the Ray cluster has {cpus:g} CPUs; lower {key}")
     gpus = ray.cluster_resources().get("GPU", 0)
+    if spec.search.gpu_per_trial > gpus:
+        ray.shutdown()
+        raise SpecError(f"search.gpu_per_trial={spec.search.gpu_per_trial:g} but the Ray cluster has {gpus:g} GPUs; "
+                        f"set search.gpu_per_trial: 0 or join a cluster with GPUs (--address)")
     if res.gpu * res.workers > gpus:
         ray.shutdown()
         raise SpecError(f"resources.workers x resources.gpu={res.gpu * res.workers:g} but the Ray cluster has "
@@ -248,14 +264,18 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
     return True
 
 
-def _restorable(exp_dir: Path) -> bool:
+def _restorable(exp_dir: Path | str) -> bool:
     """Whether ``exp_dir`` holds a Ray Tune experiment to restore.
 
     An experiment-state file cut short by the kill is moved aside (``*.corrupt``) so that Ray restores
     from the previous one; without any readable state file the experiment starts afresh in the same folder.
+    A URI (``s3://...``) is only asked ``Tuner.can_restore``: its files are not inspected.
     """
     if not tune.Tuner.can_restore(str(exp_dir)):
         return False
+    if _is_uri(exp_dir):
+        return True
+    exp_dir = Path(exp_dir)
     try:
         pickle.loads((exp_dir / "tuner.pkl").read_bytes())
     except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
@@ -298,7 +318,7 @@ def _restorable(exp_dir: Path) -> bool:
     return bool(valid["experiment_state-*.json"])
 
 
-def _tuner(trainable, exp_dir: Path, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
+def _tuner(trainable, exp_dir: Path | str, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
     """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``)."""
     if _restorable(exp_dir):
         return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
@@ -306,8 +326,10 @@ def _tuner(trainable, exp_dir: Path, *, restart_errored: bool, **new_run) -> tup
     return tune.Tuner(trainable, **new_run), False
 
 
-def _run_config(exp_dir: Path, callbacks: list, max_failures: int) -> tune.RunConfig:
-    return tune.RunConfig(name=exp_dir.name, storage_path=str(exp_dir.parent), callbacks=callbacks,
+def _run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.RunConfig:
+    """Ray Tune's run config for the experiment folder ``exp_dir`` (a local path or a URI, see :func:`ray_dir`)."""
+    storage, _, name = str(exp_dir).rstrip("/").rpartition("/")
+    return tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
                           failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)
 
 
@@ -380,6 +402,9 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
 def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resumed: bool) -> str:
     """The sweep's parent run: reused (keyed by ``nas.sweep_id``) and reopened, or created."""
     params = {"yaml": record.spec_file, "search.method": spec.search.method, "search.trials": spec.search.trials}
+    if spec.tracking.optuna_storage:
+        params["tracking.optuna_storage"] = redact_url(spec.tracking.optuna_storage)
+    params = spec.redact(params)
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_ROLE: "sweep", tracking.TAG_SWEEP_ID: record.sweep_id})
     if runs:
         run_id = runs[0].info.run_id
@@ -394,7 +419,7 @@ def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resu
     name = Path(record.spec_file).name
     if name not in {a.path for a in tracking.get_client().list_artifacts(run_id)}:
         with tempfile.TemporaryDirectory() as tmp:  # the YAML the sweep started from, under its own name
-            (Path(tmp) / name).write_bytes(copy.read_bytes())
+            (Path(tmp) / name).write_text(spec.redact(copy.read_text(encoding="utf-8")), encoding="utf-8")
             tracking.log_file_artifact(run_id, Path(tmp) / name)
     return run_id
 
@@ -403,8 +428,8 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
                  sweep_id: str) -> dict[str, float]:
     """Train the supernet as one Ray Tune trial unless a finished one is already in ``supernet_dir``."""
     metrics_file = ctx.supernet_dir / "metrics.json"
-    params = {"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json"),
-              "space": spec.space.model_dump(mode="json", exclude_none=True)}
+    params = spec.redact({"supernet": spec.supernet.model_dump(mode="json"), "train": spec.train.model_dump(mode="json"),
+                          "space": spec.space.model_dump(mode="json", exclude_none=True)})
     if metrics_file.is_file():
         console.print(f"[green]reusing the trained supernet in {ctx.supernet_dir}[/green]")
         metrics = json.loads(metrics_file.read_text())
@@ -474,7 +499,8 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     se = spec.search
     searcher = DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se)
     callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
-    trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx), {"cpu": se.cpu_per_trial})
+    trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx),
+                                    {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})
     exp_dir = ray_dir(spec, study.study_name, "search")
     tuner, restored = _tuner(trainable, exp_dir, restart_errored=False,
                              tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
@@ -551,10 +577,14 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
         optuna_counts = {}
     exp_dir = ray_dir(spec, record.sweep_id, "search")
     ray_counts: dict[str, int] = {}
-    if exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json")):
+    if _is_uri(exp_dir) or (exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json"))):
         from ray.tune import ExperimentAnalysis
 
-        ray_counts = dict(Counter(t.status for t in ExperimentAnalysis(str(exp_dir)).trials))
+        try:
+            ray_counts = dict(Counter(t.status for t in ExperimentAnalysis(str(exp_dir)).trials))
+        except Exception:  # a URI storage with no experiment (yet) or unreachable: Ray's counts are unknown
+            if not _is_uri(exp_dir):
+                raise
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
     trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
     keys = Counter(r.data.tags.get(tracking.TAG_OPTUNA_TRIAL, r.info.run_id) for r in trial_runs)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ray
 import torch
 from ray import tune
 
@@ -140,7 +141,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
                                  f"for {arch.summary()}; the supernet may have diverged (lower train.lr)")
     result = {**metrics, "arch": arch.to_json(), "arch_id": arch.arch_id, "arch_summary": arch.summary()}
     _store_result(ctx, number, result)
-    tune.report(result)
+    tune.report({**result, "node_id": ray.get_runtime_context().get_node_id()})  # the Ray node that scored it
 
 
 def _result_path(ctx: SweepContext, number: int | None, suffix: str = ".json") -> Path | None:

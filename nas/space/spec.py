@@ -10,6 +10,7 @@ import collections
 import difflib
 import gzip
 import io
+import os
 import re
 import typing
 import zlib
@@ -17,11 +18,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 
-__all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec"]
+__all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "REDACTED"]
+
+REDACTED = "***"
+"""What values interpolated from the environment (``${VAR}``) are replaced by wherever the spec is logged."""
 
 
 class SpecError(ValueError):
@@ -306,6 +310,9 @@ class SearchSpec(_Strict):
     trials: int = Field(8, ge=1)
     max_concurrent: int = Field(2, ge=1)
     cpu_per_trial: float = Field(1.0, gt=0)
+    """CPUs per search trial (Ray Tune resources; also the trial's torch threads)."""
+    gpu_per_trial: float = Field(0.0, ge=0)
+    """GPUs per search trial (Ray Tune resources); fractional shares one GPU, e.g. 0.25: four trials per GPU."""
     metrics: list[MetricSpec] = Field(default_factory=lambda: [MetricSpec(name="bleu", goal="maximize")], min_length=1)
     beam_size: int = Field(4, ge=1)
     valid_sentences: int | None = Field(None, ge=1)
@@ -326,6 +333,16 @@ class ResourcesSpec(_Strict):
     workers: int = Field(1, ge=1)
     """Data-parallel workers for supernet training (Ray Train ``TorchTrainer``, DDP; NCCL on GPUs, else gloo).
     Each worker takes its share of every batch, so the global batch stays ``train.max_tokens``."""
+    storage_path: str | None = None
+    """Where Ray Tune keeps both stages' experiments (``RunConfig(storage_path)``): a folder every node of the
+    cluster sees, or a URI such as ``s3://bucket/prefix``; default: ``<workdir>/<name>/ray``."""
+
+    @field_validator("storage_path")
+    @classmethod
+    def _check_storage_path(cls, path: str | None) -> str | None:
+        if path is not None and not path.strip():
+            raise ValueError("is empty; give a shared folder or a URI such as s3://bucket/prefix, or leave it out")
+        return path
 
 
 OPTUNA_STORAGE_SCHEMES = ("postgresql", "postgresql+psycopg", "postgresql+psycopg2")
@@ -365,6 +382,23 @@ class SweepSpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     workdir: Path = Path("nas_runs")
     """Where checkpoints, the Optuna journal and Ray results go (a folder per sweep name)."""
+    _secrets: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    """The values ``load_spec`` substituted for ``${VAR}`` references (see :meth:`redact`)."""
+
+    def redact(self, obj: Any) -> Any:
+        """``obj`` with every value interpolated from the environment replaced by ``***`` inside its strings,
+        recursively through dicts, lists and tuples (keys too); use it on whatever is logged or written."""
+        if not self._secrets:
+            return obj
+        if isinstance(obj, str):
+            for secret in sorted(self._secrets, key=len, reverse=True):
+                obj = obj.replace(secret, REDACTED)
+            return obj
+        if isinstance(obj, dict):
+            return {self.redact(k): self.redact(v) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(self.redact(v) for v in obj)
+        return obj
 
     @property
     def experiment(self) -> str:
@@ -701,11 +735,45 @@ def parse_spec(raw: Any, source: str = "<yaml>") -> SweepSpec:
         raise SpecError(_format_errors(e, source)) from None
 
 
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A ``${VAR}`` reference to an environment variable inside a YAML string."""
+
+
+def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: set[str], source: str) -> Any:
+    """``raw`` with ``${VAR}`` in its string values replaced by the environment's values (added to ``secrets``).
+
+    Raises:
+        SpecError: a referenced variable is not set (names the key path and the variable).
+    """
+    if isinstance(raw, dict):
+        return {k: _interpolate(v, (*loc, k), secrets, source) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_interpolate(v, (*loc, i), secrets, source) for i, v in enumerate(raw)]
+    if not isinstance(raw, str):
+        return raw
+
+    def value(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            key = ".".join(_key_text(p) for p in loc) or "<top level>"
+            raise SpecError(f"{source}: {key}: environment variable {name} is not set; export it (e.g. in .env) "
+                            f"or write the value in the YAML")
+        if os.environ[name]:  # an empty value hides nothing, and replacing "" would mangle every string
+            secrets.add(os.environ[name])
+        return os.environ[name]
+
+    return _ENV_REF.sub(value, raw)
+
+
 def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
     """Read and validate a sweep YAML; nothing is started or written.
 
+    String values may reference environment variables as ``${VAR}``; the substituted values are kept on the
+    spec so that :meth:`SweepSpec.redact` hides them wherever the spec is logged.
+
     Raises:
-        SpecError: unreadable file, malformed YAML (with the line number), an unknown key
+        SpecError: unreadable file, malformed YAML (with the line number), a ``${VAR}`` whose variable is not
+            set, an unknown key
             (with a suggestion), a duplicated key, a wrong type, an impossible space, or
             (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
             or empty, or source and target files of a split with different line counts; each names
@@ -724,7 +792,10 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    secrets: set[str] = set()
+    raw = _interpolate(raw, (), secrets, str(path))
     spec = parse_spec(raw, str(path))
+    spec._secrets = frozenset(secrets)
     if check_files:
         _check_data_files(spec, str(path))
     return spec
