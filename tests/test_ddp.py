@@ -37,7 +37,7 @@ def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tmp_p
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     run = tracking.start_run("ddp", "supernet", role="supernet")
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     try:
         final = train_supernet_ddp(spec, data, tmp_path / "ddp", storage_path=tmp_path / "ray",
                                    log_file=tmp_path / "reports.jsonl", mlflow_uri=uri, experiment="ddp",

@@ -244,7 +244,7 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=os.cpu_count(), **kwargs)
+        ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)  # a new local Ray, never a stray running one
     cpus = ray.cluster_resources().get("CPU", 0)
     res = spec.resources
     for key, need in (("resources.cpu", res.cpu), ("search.cpu_per_trial", spec.search.cpu_per_trial),
