@@ -92,7 +92,7 @@ def test_a_sweep_with_two_workers_trains_the_supernet_data_parallel(multi30k, tm
     assert result.trials_completed == 1 and "widest_bleu" in result.supernet_metrics
     (supernet,) = tracking.find_runs("tiny", role="supernet")
     assert supernet.info.status == "FINISHED"
-    assert [m.step for m in MlflowClient().get_metric_history(supernet.info.run_id, "loss_widest")] == [1, 2, 3]
+    assert [m.step for m in tracking.get_client().get_metric_history(supernet.info.run_id, "loss_widest")] == [1, 2, 3]
     (stage,) = tracking.find_runs("tiny", parent_run_id=supernet.info.run_id)
     assert stage.info.status == "FINISHED" and "bleu_widest" in stage.data.metrics
     assert (tmp_path / "runs" / "tiny" / "supernet" / "supernet.safetensors").is_file()

@@ -1,7 +1,6 @@
 """One nested MLflow run per training stage, with the reference sub-Transformers' BLEU at each stage's end."""
 
 import yaml
-from mlflow import MlflowClient
 from typer.testing import CliRunner
 
 from nas import tracking
@@ -26,7 +25,7 @@ def test_nas_train_logs_one_nested_run_per_stage(multi30k, tmp_path, monkeypatch
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(raw))
     result = CliRunner().invoke(app, ["train", str(tmp_path / "tiny.yaml")])
     assert result.exit_code == 0, result.output
-    client = MlflowClient()
+    client = tracking.get_client()  # the env URI, whatever mlflow.set_tracking_uri an earlier test left
     supernet = client.search_runs([client.get_experiment_by_name("tiny").experiment_id],
                                   "tags.`nas.role` = 'supernet'")
     assert len(supernet) == 1 and supernet[0].info.status == "FINISHED"
@@ -54,7 +53,7 @@ def test_a_restarted_trainer_reuses_the_open_stage_run(tmp_path, monkeypatch):
     second({"stage": 1, "stage_end": 1, "bleu_widest": 1.5, "step": 2})
     second({"stage": 2, "loss_widest": 1.0, "step": 3})
     second.close("KILLED")
-    client = MlflowClient()
+    client = tracking.get_client()  # the env URI, whatever mlflow.set_tracking_uri an earlier test left
     runs = _children(client, parent)
     assert [r.data.tags["nas.stage"] for r in runs] == ["1", "2"]
     assert [r.info.status for r in runs] == ["FINISHED", "KILLED"]
