@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from ray import tune
 
 from nas.data import PreparedData
 from nas.evaluate import corpus_scores, latency_ms, translate, valid_loss
-from nas.model.io import load_model
+from nas.model.io import atomic_write_text, load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
@@ -160,22 +159,11 @@ def _load_result(ctx: SweepContext, number: int | None) -> dict[str, Any] | None
         return None  # unreadable: score again
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def _store_result(ctx: SweepContext, number: int | None, result: dict[str, Any]) -> None:
     path = _result_path(ctx, number)
     if path is not None:
-        _write_atomic(path, json.dumps(result))
+        atomic_write_text(path, json.dumps(result))
 
 
 def _injected_fault(ctx: SweepContext, number: int | None) -> str | None:
