@@ -202,7 +202,7 @@ def _count_attempt(ctx: SweepContext, number: int | None) -> int:
         attempt = int(path.read_text()) + 1
     except (OSError, ValueError):
         attempt = 1
-    _write_atomic(path, str(attempt))
+    atomic_write_text(path, str(attempt))
     return attempt
 
 
