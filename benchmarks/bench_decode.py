@@ -1,13 +1,15 @@
 """Decoding speed: key/value-cached against recomputing decoding, and against torch.nn.Transformer.
 
-Run: ``python benchmarks/bench_decode.py [search_spaces/quickstart.yaml] [--tokens 30] [--threads 1]``
+Run: ``python benchmarks/bench_decode.py [search_spaces/quickstart.yaml] [--tokens 30] [--batch 8] [--threads 1]``
 
 Greedy decoding of exactly ``--tokens`` output tokens per sentence (no early stop, so every
-variant does the same work), batch size 1, over the first validation sentences. Printed side
-by side from one run (interleaved rounds, medians):
+variant does the same work) over the first validation sentences, at batch size 1 and at
+``--batch`` (PAD-padded batches). Printed side by side from one run (interleaved rounds, medians,
+time per sentence including its encoding):
 
-- our extracted model with the key/value cache vs the same model recomputing the whole prefix
-  at every step (goal >= 3x);
+- our extracted model with the key/value cache (``IncrementalDecoder``: weights cropped once,
+  preallocated self-attention keys/values, cross-attention keys/values computed once) vs the
+  same model recomputing the whole prefix with ``model.decode`` at every step (goal >= 3x);
 - ``torch.nn.Transformer`` of the same dimensions recomputing the prefix (the usual greedy
   loop) vs our cached extracted model (goal: ours faster).
 """
@@ -22,7 +24,8 @@ import time
 import torch
 from torch import nn
 
-from nas.data import EOS_ID
+from nas.data import EOS_ID, PAD_ID
+from nas.model.decode import IncrementalDecoder
 from nas.model.layers import sinusoidal_positions
 from nas.model.supernet import SuperTransformer, extract
 from nas.search.runner import prepare_sweep_data
@@ -35,10 +38,10 @@ from trainers import build_supernet
 @torch.no_grad()
 def greedy_cached(model: SuperTransformer, src: torch.Tensor, steps: int) -> None:
     memory, pad = model.encode(src)
-    cache = [{} for _ in model.decoder]
+    decoder = IncrementalDecoder(model, memory, pad, max_len=steps)
     token = torch.full((src.size(0), 1), 2)
-    for step in range(steps):
-        token = model.decode_step(token, step, memory, pad, None, cache).argmax(-1, keepdim=True)
+    for _ in range(steps):
+        token = decoder.step(token).argmax(-1, keepdim=True)
 
 
 @torch.no_grad()
@@ -64,19 +67,50 @@ class TorchReference(nn.Module):
 
     @torch.no_grad()
     def greedy(self, src: torch.Tensor, steps: int) -> None:
-        memory = self.core.encoder(self._emb(src))
+        pad = src.eq(PAD_ID)  # [b, s]
+        memory = self.core.encoder(self._emb(src), src_key_padding_mask=pad)
         out = torch.full((src.size(0), 1), 2)
         for _ in range(steps):
             mask = nn.Transformer.generate_square_subsequent_mask(out.size(1))
-            h = self.core.decoder(self._emb(out), memory, tgt_mask=mask, tgt_is_causal=True)
+            h = self.core.decoder(self._emb(out), memory, tgt_mask=mask, tgt_is_causal=True,
+                                  memory_key_padding_mask=pad)
             out = torch.cat([out, (h[:, -1] @ self.embed.weight.T).argmax(-1, keepdim=True)], 1)
+
+
+def _batches(src_ids: list[list[int]], count: int, batch: int) -> list[torch.Tensor]:
+    """``count`` sentences (up to 60 ids + EOS) as PAD-padded ``[batch, s]`` tensors."""
+    rows = [ids[:60] + [EOS_ID] for ids in src_ids[:count]]
+    out = []
+    for i in range(0, len(rows) - batch + 1, batch):
+        chunk = rows[i:i + batch]
+        src = torch.full((batch, max(map(len, chunk))), PAD_ID, dtype=torch.long)  # [b, s]
+        for r, ids in enumerate(chunk):
+            src[r, : len(ids)] = torch.tensor(ids)
+        out.append(src)
+    return out
+
+
+def _time(runs: dict, batches: list[torch.Tensor], rounds: int) -> dict[str, float]:
+    """Median over interleaved rounds of each run's time per sentence (ms)."""
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn in runs.values():
+        fn(batches[0])  # warm-up
+    sentences = sum(b.size(0) for b in batches)
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            t0 = time.perf_counter()
+            for src in batches:
+                fn(src)
+            times[name].append((time.perf_counter() - t0) / sentences * 1000)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", nargs="?", default="search_spaces/quickstart.yaml")
     parser.add_argument("--tokens", type=int, default=30)
-    parser.add_argument("--sentences", type=int, default=10)
+    parser.add_argument("--sentences", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=8, help="the second batch size (the first is 1)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
@@ -93,30 +127,25 @@ def main() -> None:
     ref = TorchReference(data.vocab_size, sn.model_dim, sn.heads, one_branch.encoder.layers,
                          one_branch.decoder.layers, one_branch.encoder.ffn_width[0]).eval()
     src_ids, _ = data.load_split("valid")
-    sources = [torch.tensor([ids[:60] + [EOS_ID]]) for ids in src_ids[: args.sentences]]
     runs = {
         "ours, key/value cache": lambda s: greedy_cached(model, s, args.tokens),
         "ours, recompute the prefix": lambda s: greedy_recompute(model, s, args.tokens),
         "torch.nn.Transformer, recompute the prefix": lambda s: ref.greedy(s, args.tokens),
     }
-    times = {name: [] for name in runs}
-    for fn in runs.values():
-        fn(sources[0])  # warm-up
-    for _ in range(args.rounds):
-        for name, fn in runs.items():
-            t0 = time.perf_counter()
-            for s in sources:
-                fn(s)
-            times[name].append((time.perf_counter() - t0) / len(sources) * 1000)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    base = med["ours, key/value cache"]
-    print(f"greedy, {args.tokens} output tokens, batch 1, {args.threads} thread(s), C={sn.model_dim}, "
-          f"{one_branch.encoder.layers}+{one_branch.decoder.layers} layers, vocabulary {data.vocab_size}")
-    print(f"{'decoder':<46}{'ms/sentence':>12}{'x ours cached':>15}")
-    for name in runs:
-        print(f"{name:<46}{med[name]:>12.1f}{med[name] / base:>15.2f}")
-    print(f"cache speed-up: {med['ours, recompute the prefix'] / base:.2f}x (goal >= 3); "
-          f"vs nn.Transformer: {med['torch.nn.Transformer, recompute the prefix'] / base:.2f}x (goal > 1)")
+    print(f"greedy, {args.tokens} output tokens, {args.threads} thread(s), extracted {spec.name} model: "
+          f"C={sn.model_dim}, {sn.heads} heads, {one_branch.encoder.layers}+{one_branch.decoder.layers} layers, "
+          f"FFN {one_branch.encoder.ffn_width[0]}, vocabulary {data.vocab_size}; {args.sentences} validation "
+          f"sentences, median of {args.rounds} interleaved rounds")
+    print(f"{'batch':>5}  {'decoder':<44}{'ms/sentence':>12}{'x ours cached':>15}")
+    summary = []
+    for batch in (1, args.batch):
+        med = _time(runs, _batches(src_ids, args.sentences, batch), args.rounds)
+        base = med["ours, key/value cache"]
+        for name in runs:
+            print(f"{batch:>5}  {name:<44}{med[name]:>12.2f}{med[name] / base:>15.2f}")
+        summary.append(f"batch {batch}: cache speed-up {med['ours, recompute the prefix'] / base:.2f}x (goal >= 3), "
+                       f"vs nn.Transformer {med['torch.nn.Transformer, recompute the prefix'] / base:.2f}x (goal > 1)")
+    print("\n".join(summary))
 
 
 if __name__ == "__main__":

@@ -181,7 +181,8 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
                 where: Optional[list[str]] = typer.Option(None, "--where", help="Constraint METRIC OP NUMBER, e.g. "
                                                           "'latency_ms<=40' (repeatable; all must hold)."),
                 pareto: bool = typer.Option(False, "--pareto", help="Mark the trials on the Pareto front (scans every "
-                                                                  "matching trial)."),
+                                                                  "matching trial; with --sweep, of the trials meeting "
+                                                                  "its search.constraints)."),
                 objectives: Optional[str] = typer.Option(None, help="Front objectives, e.g. 'bleu:max,latency_ms:min' "
                                                          "(default: the sweep YAML's first two metrics, else that)."),
                 page_size: int = typer.Option(1000, min=1, help="Runs fetched from MLflow per request."),
@@ -194,16 +195,21 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     try:
         experiment = experiment or _latest_experiment()
         if pareto or plot_file is not None:
+            constraints: tuple = ()
+            if sweep_id:  # the sweep's search.constraints: only feasible trials can be on its front
+                parent = tracking.find_sweep_run(sweep_id, experiment)
+                constraints = tracking.sweep_constraints(parent)
             if objectives:
                 objs = tracking.parse_objectives(objectives)
             elif sweep_id:
-                objs = tracking.sweep_objectives(tracking.find_sweep_run(sweep_id, experiment))
+                objs = tracking.sweep_objectives(parent)
             else:
                 objs = tracking.DEFAULT_OBJECTIVES
             if plot_file is not None and len(objs) != 2:
                 raise ValueError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
             scan = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                        where=where or (), page_size=page_size, keep_points=plot_file is not None)
+                                        where=where or (), page_size=page_size, keep_points=plot_file is not None,
+                                        constraints=constraints)
             rows = scan.rows
         else:
             rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
@@ -274,6 +280,8 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
            run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's)."),
+           where: Optional[list[str]] = typer.Option(None, "--where", help="With --best: only trials meeting METRIC OP "
+                                                     "NUMBER, e.g. 'latency_ms<=40' (repeatable)."),
            onnx: bool = typer.Option(False, "--onnx", help="Also write encoder.onnx, decoder_step.onnx and translate_onnx.py, "
                                                           "verified with onnxruntime."),
            register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
@@ -292,9 +300,10 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     client = tracking.get_client()
     try:
         if best:
-            rows = tracking.leaderboard(experiment or _latest_experiment(), metric=metric, top=1)
+            rows = tracking.leaderboard(experiment or _latest_experiment(), metric=metric, top=1, where=where or ())
             if not rows:
-                raise LookupError("no finished trial to export; run `nas sweep FILE` first")
+                raise LookupError("no finished trial " + (f"meeting {' and '.join(where)} " if where else "")
+                                  + "to export; run `nas sweep FILE` first" + (" or relax --where" if where else ""))
             run_id = rows[0].run_id
         run = client.get_run(run_id)
     except (LookupError, ValueError) as e:

@@ -6,8 +6,6 @@ with sacrebleu's default ``13a`` tokenization.
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import sacrebleu
@@ -19,7 +17,7 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["translate", "corpus_scores", "valid_loss", "latency_ms", "Scores"]
+__all__ = ["translate", "corpus_scores", "valid_loss", "Scores"]
 
 
 @dataclass(frozen=True)
@@ -75,18 +73,3 @@ def valid_loss(model: SuperTransformer, src_ids: list[list[int]], tgt_ids: list[
         _, nll = label_smoothed_nll(model(batch.src, batch.tgt_in, arch), batch.tgt_out, 0.0)
         total, tokens = total + float(nll), tokens + batch.ntokens
     return total / max(tokens, 1)
-
-
-@torch.no_grad()
-def latency_ms(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
-               beam_size: int = 4) -> float:
-    """Median wall time (milliseconds) to translate one sentence at batch size 1 with beam search,
-    embeddings and output projection included, on this process's device and threads (one warm-up run)."""
-    model.eval()
-    translate(model, tokenizer, sentences[:1], arch, beam_size=beam_size)
-    times = []
-    for s in sentences:
-        t0 = time.perf_counter()
-        translate(model, tokenizer, [s], arch, beam_size=beam_size, batch_size=1)
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)

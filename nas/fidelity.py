@@ -248,12 +248,21 @@ def _batch_groups(batcher: TokenBatcher, size: int) -> Iterator[list[Batch]]:
 
 def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data: PreparedData, steps: int, *,
                      device: torch.device | str = "cpu",
-                     on_step: Callable[[int, float], None] | None = None) -> dict[str, float]:
-    """Train ``model`` (a standalone model of ``arch``) for ``steps`` optimizer steps as ``train.*`` trains the
-    supernet, with ``arch`` alone in each step (see the module docstring); leaves it in eval mode.
+                     on_step: Callable[[int, float], None] | None = None,
+                     lr: float | None = None, warmup_steps: int | None = None,
+                     eval_every: int | None = None, on_eval: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Train ``model`` (a standalone model of ``arch``, or one extracted with inherited weights) for ``steps``
+    optimizer steps as ``train.*`` trains the supernet, with ``arch`` alone in each step (see the module
+    docstring); leaves it in eval mode.
 
     Args:
         on_step: called after each step with (step, label-smoothed loss per target token).
+        lr: peak learning rate (default ``train.lr``).
+        warmup_steps: linear warm-up steps of the inverse-square-root schedule (default ``train.warmup_steps``;
+            0: the peak rate from the first step, no decay).
+        eval_every: call ``on_eval`` every this many steps and after the last one (None: never).
+        on_eval: called with the step number, the model in eval mode and no autograd (put back in training mode
+            afterwards).
 
     Returns:
         ``train_loss`` (label-smoothed cross-entropy per target token, nats, mean of the last 50 steps) and
@@ -265,8 +274,11 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
     tr = spec.train
     device = torch.device(device)
     model.to(device).train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=tr.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(tr.warmup_steps))
+    warmup_steps = tr.warmup_steps if warmup_steps is None else warmup_steps
+    optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr if lr is None else lr, betas=(0.9, 0.98), eps=1e-8,
+                                 weight_decay=tr.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(warmup_steps) if warmup_steps > 0
+                                                  else lambda step: 1.0)
     train_src, train_tgt = data.load_split("train")
     groups = _batch_groups(TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed), tr.accumulate)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
@@ -288,6 +300,11 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
         losses.append(out["widest"])
         if on_step is not None:
             on_step(step, out["widest"])
+        if on_eval is not None and eval_every and (step % eval_every == 0 or step == steps):
+            model.eval()
+            with torch.no_grad():
+                on_eval(step)
+            model.train()
     model.drop_branch = tr.drop_branch
     model.eval()
     tail = losses[-50:]

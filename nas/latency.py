@@ -139,8 +139,8 @@ def measure_latency(model: SuperTransformer, arch: Arch | None, sentences: Seque
 
     Sentences are sorted by length and cut into batches; after one untimed warm-up batch,
     every batch is timed ``repeats`` times and the median over all timings is returned.
-    With ``batch_size=1, repeats=1`` this is the sweep's ``latency_ms``
-    (:func:`nas.evaluate.latency_ms`, which adds SentencePiece encoding and decoding).
+    With ``batch_size=1, repeats=1`` on the extracted sub-Transformer this is a search trial's
+    ``latency_ms`` (:func:`nas.search.trials.score_arch`).
 
     Args:
         model: a supernet or an extracted model (put in eval mode).

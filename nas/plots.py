@@ -29,12 +29,12 @@ def _label(o: Objective) -> str:
 
 
 def pareto_png(points: Sequence[Sequence[float | None]], on_front: Sequence[bool],
-               objectives: Sequence[Objective], *, title: str = "") -> bytes:
+               objectives: Sequence[Objective], *, title: str = "", feasible: Sequence[bool] | None = None) -> bytes:
     """A PNG (bytes) of ``points`` (``[n][2]``: values of ``objectives[0]``, ``objectives[1]``) with
     the first objective on the y axis and the second on the x axis (BLEU against latency_ms by
     default). Points with ``on_front[i]`` are drawn in red and joined by a step line; the others are
-    grey. Points with a missing or NaN value are left out; none at all gives an empty plot with a
-    note.
+    grey; with ``feasible`` given, points violating the sweep's constraints are grey crosses. Points with a
+    missing or NaN value are left out; none at all gives an empty plot with a note.
 
     Raises:
         ValueError: not exactly two objectives, or ``points`` and ``on_front`` differ in length.
@@ -46,11 +46,19 @@ def pareto_png(points: Sequence[Sequence[float | None]], on_front: Sequence[bool
         raise ValueError(f"a Pareto plot needs exactly two objectives, got {len(objectives)}")
     if len(points) != len(on_front):
         raise ValueError(f"{len(points)} points but {len(on_front)} front flags")
-    ok = [(p, f) for p, f in zip(points, on_front)
+    feasible = [True] * len(points) if feasible is None else list(feasible)
+    if len(feasible) != len(points):
+        raise ValueError(f"{len(points)} points but {len(feasible)} feasibility flags")
+    ok = [(p, f, g) for p, f, g in zip(points, on_front, feasible)
           if all(v is not None and not math.isnan(v) for v in p)]
     fig = Figure(figsize=(6.4, 4.4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    infeasible = [p for p, f, g in ok if not g]
+    if infeasible:
+        ax.scatter([p[1] for p in infeasible], [p[0] for p in infeasible], s=22, c="0.75", marker="x",
+                   label=f"violate constraints ({len(infeasible)})")
+    ok = [(p, f) for p, f, g in ok if g]
     rest = [p for p, f in ok if not f]
     front = sorted((p for p, f in ok if f), key=lambda p: p[1])  # along the x axis
     if rest:
@@ -83,8 +91,7 @@ def write_pareto_plot(scan: tracking.ParetoScan, out: str | Path, *, title: str 
     """
     if scan.scanned and not scan.points:
         raise ValueError("this Pareto scan kept no points; call pareto_scan(..., keep_points=True)")
-    flags = tracking.pareto_mask(scan.points, [o.maximize for o in scan.objectives])
-    png = pareto_png(scan.points, flags, scan.objectives, title=title)
+    png = pareto_png(scan.points, scan.front_flags(), scan.objectives, title=title, feasible=scan.feasible)
     return atomic_write_bytes(Path(out), png)
 
 
@@ -101,11 +108,14 @@ def log_pareto_plot(experiment: str, sweep_id: str, parent_run_id: str) -> str |
     """
     parent = tracking.get_client().get_run(parent_run_id)
     objectives = tracking.sweep_objectives(parent)
-    scan = tracking.pareto_scan(experiment, objectives, sweep_id=sweep_id, keep_points=True)
+    constraints = tracking.sweep_constraints(parent)
+    scan = tracking.pareto_scan(experiment, objectives, sweep_id=sweep_id, keep_points=True, constraints=constraints)
     if not scan.scanned:
         return None
+    feasible = f" ({sum(scan.feasible)} feasible: {', '.join(c.key for c in constraints)})" if constraints else ""
     with tempfile.TemporaryDirectory() as tmp:
         path = write_pareto_plot(scan, Path(tmp) / PARETO_PLOT,
-                                 title=f"sweep {sweep_id}: {len(scan.front)} of {scan.scanned} trials on the front")
+                                 title=f"sweep {sweep_id}: {len(scan.front)} of {scan.scanned} trials on the front"
+                                       + feasible)
         tracking.log_file_artifact(parent_run_id, path)
     return PARETO_PLOT

@@ -177,9 +177,10 @@ def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10,
     parent = tracking.find_sweep_run(sweep_id, experiment)
     experiment = client.get_experiment(parent.info.experiment_id).name
     objectives = tracking.sweep_objectives(parent)
-    scan = tracking.pareto_scan(experiment, objectives, top=top, sweep_id=sweep_id, keep_points=True)
-    flags = tracking.pareto_mask(scan.points, [o.maximize for o in objectives])
-    png = pareto_png(scan.points, flags, objectives,
+    constraints = tracking.sweep_constraints(parent)
+    scan = tracking.pareto_scan(experiment, objectives, top=top, sweep_id=sweep_id, keep_points=True,
+                                constraints=constraints)
+    png = pareto_png(scan.points, scan.front_flags(), objectives, feasible=scan.feasible,
                      title=f"sweep {sweep_id}: {len(scan.front)} of {scan.scanned} trials on the front")
     second = objectives[1]
     front = sorted(scan.front, key=lambda r: -getattr(r, second.metric) if second.maximize else getattr(r, second.metric))
@@ -194,7 +195,8 @@ def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10,
     info = {"YAML": p.get("yaml", "-"), "search": search,
             "trials completed / failed": f"{_int(m.get('trials_completed'))} / {_int(m.get('trials_failed'))}",
             "widest sub-Transformer BLEU": _num(m.get("widest_bleu")),
-            "objectives": ", ".join(map(str, objectives)), "supernet": t.get("nas.supernet_dir", "-")}
+            "objectives": ", ".join(map(str, objectives)), "supernet": t.get("nas.supernet_dir", "-"),
+            "constraints": ", ".join(c.key for c in constraints) or "-"}
     return SweepReport(sweep_id=sweep_id, experiment=experiment, parent_run_id=parent.info.run_id,
                        status=parent.info.status, info=info, objectives=objectives, scanned=scan.scanned,
                        best=scan.rows, front=front, png=png, importances=importances, importance_error=error,

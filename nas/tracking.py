@@ -30,6 +30,8 @@ import mlflow
 from mlflow.entities import Metric, Param, ViewType
 from mlflow.tracking import MlflowClient
 
+from nas.space.spec import Constraint, parse_constraint
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -43,6 +45,8 @@ __all__ = [
     "iter_leaderboard_rows",
     "pareto_mask",
     "pareto_scan",
+    "sweep_constraints",
+    "PARAM_CONSTRAINTS",
     "parse_objectives",
     "parse_where",
     "sweep_objectives",
@@ -685,6 +689,15 @@ class ParetoScan:
     points: list[tuple[float | None, ...]]
     """``[scanned][k]`` objective values of every matched run (only with ``keep_points``)."""
     objectives: tuple[Objective, ...]
+    feasible: list[bool] = dataclasses.field(default_factory=list)
+    """``[scanned]``: whether each kept point satisfies the scan's constraints (only with ``keep_points``)."""
+
+    def front_flags(self) -> list[bool]:
+        """``[scanned]``: whether each kept point is on the front of the feasible points."""
+        flags = pareto_mask([p for p, ok in zip(self.points, self.feasible) if ok],
+                            [o.maximize for o in self.objectives]) if any(self.feasible) else []
+        it = iter(flags)
+        return [next(it) if ok else False for ok in self.feasible]
 
 
 def pareto_scan(
@@ -698,6 +711,7 @@ def pareto_scan(
     where: Sequence[str] = (),
     page_size: int = _PAGE_SIZE,
     keep_points: bool = False,
+    constraints: Sequence[Constraint] = (),
 ) -> ParetoScan:
     """Page through every matching trial run once, keeping only the best ``top`` rows (ranked by
     ``metric``, default the first objective's metric in its goal's order), the Pareto front so far
@@ -705,7 +719,9 @@ def pareto_scan(
 
     The front is updated one page at a time as front(front + page) with :func:`pareto_mask`, so
     memory holds one page, the front and the top rows, whatever the number of runs.
-    Filters as in :func:`iter_leaderboard_rows`.
+    Filters as in :func:`iter_leaderboard_rows`. With ``constraints`` (a sweep's ``search.constraints``, see
+    :func:`sweep_constraints`) only the rows satisfying all of them can be on the front (Optuna's
+    ``study.best_trials`` rule); the others stay in ``rows`` and ``points``.
 
     Raises:
         ValueError: no objectives, a repeated or unknown metric, ``top`` < 1, or a bad filter.
@@ -731,21 +747,27 @@ def pareto_scan(
     best: list[LeaderboardRow] = []
     front: list[LeaderboardRow] = []
     points: list[tuple[float | None, ...]] = []
+    feasible: list[bool] = []
     scanned = 0
+
+    def ok(row: LeaderboardRow) -> bool:
+        return all(getattr(row, c.metric) is not None and c.violation(getattr(row, c.metric)) <= 0 for c in constraints)
+
     for page in _chunks(rows, page_size):
         scanned += len(page)
         if len(best) < top:
             best.extend(page[: top - len(best)])
         if keep_points:
             points.extend(values(r) for r in page)
-        candidates = front + page
+            feasible.extend(ok(r) for r in page)
+        candidates = front + [r for r in page if ok(r)]
         front = [r for r, on in zip(candidates, pareto_mask([values(r) for r in candidates], maximize)) if on]
     on_front = {r.run_id for r in front}
     first = objectives[0]
     front.sort(key=lambda r: -getattr(r, first.metric) if first.maximize else getattr(r, first.metric))
     flag = lambda r: dataclasses.replace(r, pareto=r.run_id in on_front)  # noqa: E731
     return ParetoScan(rows=[flag(r) for r in best], front=[flag(r) for r in front], scanned=scanned,
-                      points=points, objectives=objectives)
+                      points=points, objectives=objectives, feasible=feasible)
 
 
 def _chunks(items: Iterator[LeaderboardRow], size: int) -> Iterator[list[LeaderboardRow]]:
@@ -785,6 +807,20 @@ def find_sweep_run(sweep_id: str, experiment: str | None = None) -> mlflow.entit
 
 
 TAG_OBJECTIVES = "nas.objectives"
+
+
+PARAM_CONSTRAINTS = "search.constraints"
+"""Param of a sweep's parent run: its ``search.constraints`` as ``; ``-joined keys (``latency_ms<=40``)."""
+
+
+def sweep_constraints(run: mlflow.entities.Run) -> tuple[Constraint, ...]:
+    """The ``search.constraints`` of a sweep's parent run (its :data:`PARAM_CONSTRAINTS` param); none if unset.
+
+    Raises:
+        ValueError: the param does not parse (:func:`nas.space.spec.parse_constraint`).
+    """
+    text = run.data.params.get(PARAM_CONSTRAINTS, "")
+    return tuple(parse_constraint(c) for c in text.split(";") if c.strip())
 
 
 def sweep_objectives(run: mlflow.entities.Run) -> tuple[Objective, ...]:

@@ -189,3 +189,36 @@ def read_sweep(spec_file: Path, env: dict[str, str]) -> SweepRecords:
         else:
             os.environ["MLFLOW_TRACKING_URI"] = old
     return SweepRecords(trials, ray_trials, runs)
+
+
+S3_BUCKET = "nas-test"
+
+
+@pytest.fixture
+def s3_storage(monkeypatch) -> Iterator[str]:
+    """An S3 bucket on a local S3-compatible server (moto's, in a thread on a free 127.0.0.1 port), as a
+    ``resources.storage_path`` in the URI form pyarrow and Ray Tune read:
+    ``s3://nas-test/ray?endpoint_override=127.0.0.1:PORT&scheme=http``. Test credentials are set in the
+    environment (``AWS_ACCESS_KEY_ID``, ...), which :func:`nas_env` passes on to ``nas`` subprocesses."""
+    import logging
+
+    try:
+        import boto3
+        from moto import server as moto_server
+    except ImportError as e:
+        pytest.fail(f"{e}: the S3 tests need the test extra (pip install -e '.[test]', which has moto[server])")
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        boto3.client("s3", endpoint_url=f"http://{host}:{port}").create_bucket(Bucket=S3_BUCKET)
+        yield f"s3://{S3_BUCKET}/ray?endpoint_override={host}:{port}&scheme=http"
+    finally:
+        server.stop()

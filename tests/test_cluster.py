@@ -1,9 +1,12 @@
 """Cluster settings from the YAML: ``resources.storage_path`` (a shared folder or a URI) for both Ray Tune
 stages, ``search.gpu_per_trial`` checked against the cluster, and a sweep on a local 2-node Ray cluster
-(``ray.cluster_utils.Cluster``) whose two concurrent trials can only fit one per node."""
+(``ray.cluster_utils.Cluster``) of 1 CPU per node, whose 1-CPU trials, two at a time, must use both nodes."""
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -56,16 +59,48 @@ def test_fractional_gpu_per_trial_is_accepted(multi30k, tmp_path):
     assert parse_spec(raw).search.gpu_per_trial == 0.25
 
 
+NODE_BARRIER_ENV = "NAS_TEST_NODE_BARRIER"
+"""A folder: while set on the cluster's nodes, each trial's scoring waits (at most ``NODE_BARRIER_S``) until
+trials are scoring on two nodes (see :func:`hold_scoring_until_two_nodes_score`)."""
+NODE_BARRIER_S = 60.0
+
+
+def hold_scoring_until_two_nodes_score() -> None:
+    """Ray ``worker_process_setup_hook`` (test-only): a tiny trial scores in well under a second, quicker than
+    Ray starts a worker on the second node, so Ray Tune would hand every trial to the first node's reused actor.
+    Here each trial, before scoring, marks its node in ``$NAS_TEST_NODE_BARRIER`` and waits until two nodes
+    have: the first trial keeps its node's only CPU meanwhile, so the second must be scheduled on the other."""
+    import ray
+
+    import nas.search.trials as trials
+
+    barrier, score_arch = Path(os.environ[NODE_BARRIER_ENV]), trials.score_arch
+
+    def score_once_two_nodes_score(*args, **kwargs):
+        barrier.mkdir(parents=True, exist_ok=True)
+        (barrier / ray.get_runtime_context().get_node_id()).touch()
+        deadline = time.monotonic() + NODE_BARRIER_S
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return score_arch(*args, **kwargs)
+
+    trials.score_arch = score_once_two_nodes_score
+
+
 @pytest.mark.slow
-def test_sweep_on_a_two_node_cluster_runs_one_trial_per_node(multi30k, tmp_path, tiny_supernet, monkeypatch):
+def test_sweep_on_a_two_node_cluster_scores_trials_on_both_nodes(multi30k, tmp_path, tiny_supernet, monkeypatch):
+    """Each node has 1 CPU and each trial takes 1 CPU, so two trials scoring at once (held until they do by
+    :func:`hold_scoring_until_two_nodes_score`) can never share a node: the trials' ``node_id`` must name both
+    nodes. Fails if the sweep ignored ``--address`` (a local Ray has one node) or a trial took more than 1 CPU."""
     import ray
     from ray.cluster_utils import Cluster
 
     from nas.search.runner import _init_ray
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import nas
+    monkeypatch.setenv(NODE_BARRIER_ENV, str(tmp_path / "nodes_scoring"))  # the nodes' workers inherit both
     storage = tmp_path / "shared_ray"
-    raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": 2, "max_concurrent": 2, "cpu_per_trial": 1,
+    raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": 4, "max_concurrent": 2, "cpu_per_trial": 1,
                                                      "beam_size": 2, "latency_sentences": 2},
                          resources={"cpu": 1, "storage_path": str(storage)}, tracking={"experiment": "cluster"})
     spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
@@ -78,18 +113,18 @@ def test_sweep_on_a_two_node_cluster_runs_one_trial_per_node(multi30k, tmp_path,
             _init_ray(parse_spec(gpu_raw), cluster.address)
         assert not ray.is_initialized()
 
-        env = nas_env(tmp_path)
+        hook = {"runtime_env": {"worker_process_setup_hook": f"{__name__}.hold_scoring_until_two_nodes_score"}}
+        env = nas_env(tmp_path, RAY_JOB_CONFIG_JSON_ENV_VAR=json.dumps(hook))  # as `ray job submit` passes it
         proc = run_nas(["sweep", str(spec_file), "--address", cluster.address], env, tmp_path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
         records = read_sweep(spec_file, env)
-        assert sorted(t.number for t in records.optuna) == [0, 1]
+        assert sorted(t.number for t in records.optuna) == [0, 1, 2, 3]
         assert all(t.state.name == "COMPLETE" for t in records.optuna)
-        assert {t.status for t in records.ray} == {"TERMINATED"} and len(records.ray) == 2
-        nodes = {t.last_result["node_id"] for t in records.ray}
-        assert nodes <= {node.node_id for node in cluster.list_all_nodes()}, nodes
-        spans = sorted((r["timestamp"] - r["time_total_s"], r["timestamp"]) for r in (t.last_result for t in records.ray))
-        if spans[1][0] < spans[0][1] - 1:  # Ray ran them at once: with 1 CPU per node and per trial, on both nodes
-            assert len(nodes) == 2, f"two concurrent trials of 1 CPU on one 1-CPU node: {nodes}"
+        assert {t.status for t in records.ray} == {"TERMINATED"} and len(records.ray) == 4
+        by_trial = {t.config["optuna_trial"]: t.last_result["node_id"] for t in records.ray}
+        cluster_nodes = {node.node_id for node in cluster.list_all_nodes()}
+        assert len(cluster_nodes) == 2 and set(by_trial.values()) == cluster_nodes, (by_trial, cluster_nodes)
+        assert {p.name for p in (tmp_path / "nodes_scoring").iterdir()} == cluster_nodes  # the hook ran on both
         assert any(storage.glob("*-search/experiment_state-*.json"))  # resources.storage_path, not <run>/ray
         assert not (tmp_path / "runs" / "tiny" / "ray").exists()
     finally:

@@ -33,14 +33,34 @@ def _run_sweep(raw: dict, work: Path) -> tuple[dict, str]:
     return env, log
 
 
+def _params_bound(raw: dict) -> float:
+    """A ``params_m`` bound halfway between the tiny space's narrowest and widest sub-Transformers (millions;
+    parameter counts do not depend on training, only on the sizes and the tokenizer's vocabulary)."""
+    from nas.model.supernet import count_params, extract
+    from nas.search.runner import prepare_sweep_data
+    from nas.space.space import SearchSpace
+    from nas.space.spec import parse_spec
+    from trainers import build_supernet
+
+    spec = parse_spec(raw)
+    model = build_supernet(spec, prepare_sweep_data(spec, progress=False).vocab_size)  # the sweep reuses the data cache
+    space = SearchSpace.from_spec(spec)
+    return (count_params(extract(model, space.narrowest())) + count_params(extract(model, space.widest()))) / 2e6
+
+
 @pytest.fixture(scope="module")
 def sweep(multi30k, tmp_path_factory):
+    """A tiny multi-objective sweep (BLEU up, latency down) whose two trials are the starting points widest and
+    narrowest, under a parameter budget that only the narrowest meets."""
     work = tmp_path_factory.mktemp("e2e")
     raw = tiny_spec_dict(multi30k, work, **{
         "search": {"trials": 2, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
-                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
+                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}],
+                   "points_to_evaluate": ["widest", "narrowest"]},
         "tracking": {"experiment": "e2e"},
     })
+    bound = round(_params_bound(raw), 6)
+    raw["search"]["constraints"] = [f"params_m <= {bound}"]
     env, log = _run_sweep(raw, work)
     return work, env, raw, log
 
@@ -88,6 +108,45 @@ def test_optuna_study_in_the_journal_holds_the_completed_trials(sweep):
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert len(study.directions) == 2  # multi-objective: BLEU up, latency down
     assert all("encoder.layers" in t.params for t in study.trials)
+
+
+def test_starting_points_and_the_params_constraint_reach_optuna_and_mlflow(sweep):
+    """points_to_evaluate: trial 0 is the widest, trial 1 the narrowest; the constraint ``params_m <= bound`` is
+    set on each Optuna trial as ``params_m - bound`` (trial.set_constraint), so ``study.best_trials`` holds only
+    the narrowest; MLflow has ``feasible`` on each trial run and the parent's Pareto plot counts the feasible."""
+    import optuna
+
+    from nas.space.space import SearchSpace
+    from nas.space.spec import parse_spec
+
+    work, env, raw, _ = sweep
+    spec = parse_spec(raw)
+    space = SearchSpace.from_spec(spec)
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(work / "runs" / "tiny" / "optuna.journal")))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    study = optuna.load_study(study_name=summary.study_name, storage=storage)
+    widest, narrowest = sorted(study.trials, key=lambda t: t.number)
+    assert widest.params == space.params_of(space.widest())
+    assert narrowest.params == space.params_of(space.narrowest())
+    (constraint,) = spec.search.parsed_constraints()
+    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
+    try:
+        from nas import tracking
+
+        runs = {int(r.data.tags["nas.optuna_trial"]): r for r in tracking.find_runs("e2e", role="trial")}
+        for trial, feasible in ((widest, False), (narrowest, True)):
+            params_m = runs[trial.number].data.metrics["params_m"]
+            assert trial.constraints == {constraint.key: pytest.approx(params_m - constraint.bound)}
+            assert runs[trial.number].data.metrics["feasible"] == float(feasible)
+        assert [t.number for t in study.best_trials] == [narrowest.number]
+        (parent,) = tracking.find_runs("e2e", role="sweep")
+        assert tracking.sweep_constraints(parent) == (constraint,)
+        scan = tracking.pareto_scan("e2e", tracking.sweep_objectives(parent), keep_points=True,
+                                    constraints=tracking.sweep_constraints(parent))
+        assert [r.run_id for r in scan.front] == [runs[narrowest.number].info.run_id]
+    finally:
+        del os.environ["MLFLOW_TRACKING_URI"]
 
 
 def test_leaderboard_ranks_trials_and_writes_files(sweep):

@@ -1,19 +1,89 @@
-"""Batched beam search with a key/value cache (and greedy decoding as beam size 1)."""
+"""Incremental (key/value-cached) decoding and batched beam search (greedy decoding is beam size 1)."""
 
 from __future__ import annotations
 
-import torch
+import math
 
+import torch
+import torch.nn.functional as F
+
+from nas.model.layers import IncrementalLayer
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["beam_search"]
+__all__ = ["beam_search", "IncrementalDecoder"]
+
+
+class IncrementalDecoder:
+    """Key/value-cached decoding of one batch by one sub-Transformer: ``logits = dec.step(tokens)``.
+
+    Built once per batch: every decoder weight is cropped to ``arch`` here (not at each step),
+    the cross-attention keys/values of ``memory`` are computed once, and the self-attention
+    keys/values (and Prime's causal-convolution window) live in preallocated per-layer state
+    (:class:`~nas.model.layers.IncrementalLayer`). Each :meth:`step` feeds the newest token of
+    every row and equals the last position of ``model.decode(prefix, memory, src_pad, arch)`` in
+    eval mode (no dropout). Inference only: use it under ``torch.no_grad()``.
+
+    Args:
+        model: a supernet or an extracted model.
+        memory: encoder output ``[n, s, C]`` (from ``model.encode``, rows repeated per beam).
+        src_pad: ``[n, s]`` bool, True at padding.
+        arch: the sub-Transformer (None: the model's widest).
+        max_len: expected target length (tokens), the initial length of the key/value buffers.
+
+    Raises:
+        ValueError: ``arch`` exceeds the model's maxima (names the choice).
+    """
+
+    def __init__(self, model: SuperTransformer, memory: torch.Tensor, src_pad: torch.Tensor,
+                 arch: Arch | None = None, max_len: int = 64) -> None:
+        arch = model._check(arch)
+        c = model._width(arch)
+        self.model, self.pos = model, 0
+        self.embed_scale = math.sqrt(model.embed_dim)
+        with torch.no_grad():
+            self.layers = [IncrementalLayer(layer, dims, memory, src_pad, max_len)
+                           for layer, dims in zip(model.decoder, arch.decoder.layer_dims())]
+            self.proj_in = (model.proj_in.weight[:c].contiguous(), model.proj_in.bias[:c].contiguous()) \
+                if model.io_projection else None
+            norm = model.decoder_norm
+            self.norm = (norm.weight[:c].contiguous(), norm.bias[:c].contiguous(), norm.eps)
+            self.proj_out = (model.proj_out.weight[:, :c].contiguous(), model.proj_out.bias) \
+                if model.io_projection else None
+        self.c = c
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The newest token of each row ``[n, 1]`` (at position ``self.pos``) -> next-token logits ``[n, V]``.
+
+        Raises:
+            ValueError: the position reaches the model's ``max_positions``.
+        """
+        model, pos = self.model, self.pos
+        if pos >= model.max_positions:
+            raise ValueError(f"sequence of {pos + 1} tokens exceeds max_positions={model.max_positions}")
+        x = F.embedding(tokens, model.embed.weight) * self.embed_scale + model.positions[pos]  # [n, 1, E]
+        if self.proj_in is not None:
+            x = F.linear(x, *self.proj_in)  # [n, 1, C]  (Scalable Transformers eq. 3)
+        for layer in self.layers:
+            x = layer.step(x, pos)
+        h = F.layer_norm(x[:, -1], (self.c,), *self.norm)  # [n, C]
+        if self.proj_out is not None:
+            h = F.linear(h, *self.proj_out)  # [n, E]
+        self.pos = pos + 1
+        return F.linear(h, model.embed.weight)  # [n, V]
+
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Continue from rows ``index [n']`` (beam search's surviving hypotheses); with ``sentences [n']``,
+        also drop the cross-attention rows of finished sentences (``sentences[i]`` is row i's old row)."""
+        for layer in self.layers:
+            layer.reorder(index, self.pos, sentences)
 
 
 @torch.no_grad()
 def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = None, *, beam_size: int = 4,
                 bos_id: int = 2, eos_id: int = 3, len_penalty: float = 1.0, max_len_a: float = 1.5,
-                max_len_b: int = 10, return_scores: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+                max_len_b: int = 10, return_scores: bool = False,
+                use_cache: bool = True) -> list[list[int]] | tuple[list[list[int]], list[float]]:
     """Translate a batch with beam search; returns the best hypothesis per sentence (ids, no BOS/EOS).
 
     Hypotheses are ranked by ``sum log p / len**len_penalty`` (len counts the EOS), as in
@@ -27,6 +97,11 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         arch: the sub-Transformer (None: the model's widest).
         beam_size: beams per sentence (1 gives greedy decoding).
         return_scores: also return each best hypothesis's normalized score (log-probability / len**len_penalty).
+        use_cache: decode incrementally with :class:`IncrementalDecoder` (keys/values cached); False
+            recomputes every hypothesis's whole prefix at each step (the reference; same results).
+
+    Raises:
+        ValueError: ``beam_size < 1``; ``arch`` exceeds the model's maxima.
     """
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
@@ -37,19 +112,25 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     max_len = torch.clamp((src_len.float() * max_len_a + max_len_b).long(), max=model.max_positions - 1)  # [b]
     rows = torch.arange(bsz, device=device).repeat_interleave(k)  # beam row -> sentence
     memory, src_pad = memory.index_select(0, rows), src_pad.index_select(0, rows)  # [b*k, s, C]
-    cache: list = [{} for _ in model.decoder]
+    decoder = IncrementalDecoder(model, memory, src_pad, arch, int(max_len.max()) + 1) if use_cache else None
     tokens = torch.full((bsz * k, 1), bos_id, dtype=torch.long, device=device)  # [n, 1 + step]
     scores = torch.zeros(bsz, k, device=device)
     scores[:, 1:] = float("-inf")  # the first step expands beam 0 only
     active = torch.arange(bsz, device=device)  # sentence ids still decoding
+    max_len = max_len.tolist()
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
-        logits = model.decode_step(tokens[:, -1:], step, memory, src_pad, arch, cache)  # [n_act*k, V]
+        if decoder is not None:
+            logits = decoder.step(tokens[:, -1:])  # [n_act*k, V]
+        else:
+            logits = model.decode(tokens, memory, src_pad, arch)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n_act, k, vocab)
-        at_limit = (step + 1) >= max_len[active]  # [n_act]
-        if at_limit.any():
+        active_ids = active.tolist()
+        at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
+        if any(at_limit_list):
+            at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]
             forced = torch.full_like(lprobs[at_limit], float("-inf"))
             forced[..., eos_id] = lprobs[at_limit][..., eos_id]
             lprobs[at_limit] = forced
@@ -58,28 +139,36 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         top_beam, top_tok = top_idx // vocab, top_idx % vocab
         is_eos = top_tok.eq(eos_id) & torch.isfinite(top_scores)
         # Finalize EOS candidates that rank among the first k (fairseq's rule).
-        hits = (is_eos[:, :k]).nonzero().tolist()
-        norm = float(step + 1) ** len_penalty
-        for i, j in hits:
-            sid = int(active[i])
-            if len(finished[sid]) < k:
-                hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist()
-                finished[sid].append((float(top_scores[i, j]) / norm, hyp))
+        if bool(is_eos[:, :k].any()):
+            norm = float(step + 1) ** len_penalty
+            for i, j in is_eos[:, :k].nonzero().tolist():
+                sid = active_ids[i]
+                if len(finished[sid]) < k:
+                    hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist()
+                    finished[sid].append((float(top_scores[i, j]) / norm, hyp))
         # Continue with the k best non-EOS candidates.
         cont_scores = top_scores.masked_fill(is_eos, float("-inf"))
         cont_scores, pick = cont_scores.topk(k, dim=1)  # [n_act, k]
         next_beam, next_tok = top_beam.gather(1, pick), top_tok.gather(1, pick)
-        done = torch.tensor([len(finished[int(s)]) >= k for s in active], device=device) | at_limit
-        keep = (~done).nonzero().squeeze(1)  # indices into active
-        src_rows = (keep[:, None] * k + next_beam[keep]).reshape(-1)  # [n_keep*k]
-        tokens = torch.cat([tokens.index_select(0, src_rows), next_tok[keep].reshape(-1, 1)], 1)
-        scores = cont_scores[keep]
-        SuperTransformer.reorder_cache(cache, src_rows, ("self", "conv"))
-        if keep.numel() < n_act:
+        keep_list = [i for i, s in enumerate(active_ids) if len(finished[s]) < k and not at_limit_list[i]]
+        if not keep_list:
+            break
+        if len(keep_list) == n_act:
+            src_rows = (next_beam + torch.arange(0, n_act * k, k, device=device)[:, None]).reshape(-1)  # [n_act*k]
+            tokens = torch.cat([tokens.index_select(0, src_rows), next_tok.reshape(-1, 1)], 1)
+            scores = cont_scores
+            sent_rows = None
+        else:
+            keep = torch.tensor(keep_list, device=device)  # indices into active
+            src_rows = (keep[:, None] * k + next_beam[keep]).reshape(-1)  # [n_keep*k]
+            tokens = torch.cat([tokens.index_select(0, src_rows), next_tok[keep].reshape(-1, 1)], 1)
+            scores = cont_scores[keep]
             sent_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
-            SuperTransformer.reorder_cache(cache, sent_rows, ("cross",))
-            memory, src_pad = memory.index_select(0, sent_rows), src_pad.index_select(0, sent_rows)
-        active = active[keep]
+            active = active[keep]
+            if decoder is None:
+                memory, src_pad = memory.index_select(0, sent_rows), src_pad.index_select(0, sent_rows)
+        if decoder is not None:
+            decoder.reorder(src_rows, sent_rows)
         step += 1
     best = [max(hyps, key=lambda h: h[0]) for hyps in finished]
     hyps = [h[1] for h in best]

@@ -27,7 +27,7 @@ from nas.space.arch import DEPENDENCIES, UNIT_BIASES, LayerArch
 
 __all__ = ["MultiBranchAttention", "ElasticFFN", "PathFusion", "DynamicConv", "EncoderLayer", "DecoderLayer",
            "apply_unit_bias", "unit_bias_kinds", "doubly_normalize", "permutation_penalty", "UNIT_BIASES", "DEPENDENCIES",
-           "sinusoidal_positions", "drop_mask", "path_project", "path_ffn"]
+           "sinusoidal_positions", "drop_mask", "path_project", "path_ffn", "IncrementalLayer"]
 
 Cache = dict[str, torch.Tensor]
 # On CPU the math backend is faster than the flash kernel for MT-length sequences (its
@@ -655,3 +655,273 @@ class DecoderLayer(_UnifiedLayer):
         xu = self.cross_attn_paths.fuse(xu, self.dropout(self.cross_attn(self.cross_attn_paths.paths_in(xu, n_paths), **cross_kw)))
         ys = self.dropout(self._path_ffn(xu, dims.ffn_width, n_paths))
         return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, 2 * nb)), dims)
+
+
+# ---------------------------------------------------------------------------
+# Incremental decoding: one decoder layer's weights cropped once, its state preallocated
+# ---------------------------------------------------------------------------
+
+Packed = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _pack(weight: torch.Tensor, bias: torch.Tensor | None) -> Packed:
+    """Per-group ``weight [G, K, C]``, ``bias [G, K]`` -> the form :func:`_apply` reads: ``[K, C]``/``[K]``
+    (contiguous, for ``F.linear``) for one group, else ``weight^T [G, C, K]``/``bias [G, 1, K]`` (for ``baddbmm``)."""
+    if weight.size(0) == 1:
+        return weight[0].contiguous(), None if bias is None else bias[0].contiguous()
+    return weight.transpose(1, 2), None if bias is None else bias[:, None, :]
+
+
+def _apply(xs: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """The per-group linear map of :func:`path_project` on pre-packed weights: ``[G, n, t, C] -> [G, n, t, K]``."""
+    weight, bias = packed
+    if weight.dim() == 2:
+        return F.linear(xs, weight, bias)
+    groups, n, t, c = xs.shape
+    flat = xs.reshape(groups, n * t, c)
+    out = torch.bmm(flat, weight) if bias is None else torch.baddbmm(bias, flat, weight)
+    return out.view(groups, n, t, -1)
+
+
+def _attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of one (pre-scaled) query per row: ``q [N, 1, dh]``, ``k, v [N, T, dh]``, additive
+    ``mask [N, 1, T]`` -> ``[N, 1, dh]``, ``softmax(q k^T + mask) v`` (two ``bmm``: for one query
+    the fused attention kernel's setup costs more than the products)."""
+    kt = k.transpose(1, 2)  # [N, dh, T]
+    scores = torch.bmm(q, kt) if mask is None else torch.baddbmm(mask, q, kt)  # [N, 1, T]
+    return torch.bmm(torch.softmax(scores, -1), v)
+
+
+class _AttentionStep:
+    """One :class:`MultiBranchAttention` cropped to ``width``/``branches``/``units`` x ``paths`` groups
+    for one-position steps; self-attention keys/values go into preallocated buffers."""
+
+    def __init__(self, attn: MultiBranchAttention, units: int, groups: int, branches: int, width: int, c: int) -> None:
+        nb, paths = branches, groups // units
+        self.groups, self.nb, self.width, self.heads = groups, nb, width, attn.heads
+        self.dh = width // attn.heads
+        w_in = attn.w_in[:units, :paths, :nb, :, :width, :c].flatten(0, 1)  # [G, B, 3, D, C]
+        b_in = attn.b_in[:units, :paths, :nb, :, :width].flatten(0, 1)  # [G, B, 3, D]
+        self.w_in, self.b_in = w_in, b_in
+        # the attention scale 1/sqrt(d_h) folded into the query projection
+        scale = torch.tensor([self.dh ** -0.5, 1.0, 1.0], dtype=w_in.dtype, device=w_in.device)[:, None]  # [3, 1]
+        w_in, b_in = w_in * scale[..., None], b_in * scale
+        # rows reordered (q, k, v) x branch x D: each of q, k, v is one block of the projection
+        self.qkv = _pack(w_in.transpose(1, 2).reshape(groups, 3 * nb * width, c), b_in.transpose(1, 2).reshape(groups, -1))
+        self.q = _pack(w_in[:, :, 0].reshape(groups, nb * width, c), b_in[:, :, 0].reshape(groups, -1))
+        w_out = attn.w_out[:units, :paths, :nb, :c, :width].flatten(0, 1)  # [G, B, C, D]
+        w_out = w_out.permute(0, 2, 1, 3).reshape(groups, c, nb * width)  # [G, C, B*D]
+        b_out = attn.b_out[:units, :paths, :nb, :c].flatten(0, 1)  # [G, B, C]
+        self.out = _pack(w_out if nb == 1 else w_out / nb, b_out[:, 0] if nb == 1 else b_out.mean(1))
+
+    def self_step(self, xs: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, pos: int,
+                  values: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``xs [G, n, 1, C]`` at position ``pos``; ``k_buf, v_buf [G, n, B*h, T_max, dh]`` receive its key/value.
+        Returns ``[G, n, 1, C]`` and, with ``values``, branch 0's values ``[G, n, 1, D]`` (Prime's ``V_C``)."""
+        g, n = xs.size(0), xs.size(1)
+        bd, bh, dh = self.nb * self.width, self.nb * self.heads, self.dh
+        qkv = _apply(xs, self.qkv)  # [G, n, 1, 3*B*D]
+        q, k, v = qkv[..., :bd], qkv[..., bd:2 * bd], qkv[..., 2 * bd:]  # each [G, n, 1, B*D]
+        k_buf[:, :, :, pos] = k.view(g, n, bh, dh)
+        v_buf[:, :, :, pos] = v.view(g, n, bh, dh)
+        rows, t_max = g * n * bh, k_buf.size(3)
+        o = _attend_one(q.reshape(rows, 1, dh), k_buf.view(rows, t_max, dh)[:, :pos + 1],
+                        v_buf.view(rows, t_max, dh)[:, :pos + 1], None)  # [N, 1, dh]
+        return _apply(o.view(g, n, 1, bd), self.out), (v[..., :self.width] if values else None)
+
+    def cross_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``memory [n, s, C]`` for every group: each ``[G, n, B*h, s, dh]``."""
+        g, nb, width = self.groups, self.nb, self.width
+        n, s, c = memory.shape
+        kv = F.linear(memory, self.w_in[:, :, 1:].reshape(g * nb * 2 * width, c), self.b_in[:, :, 1:].reshape(-1))
+        kv = kv.view(n, s, g, nb, 2, width).permute(2, 0, 1, 3, 4, 5)  # [G, n, s, B, 2, D]
+        k, v = kv.unbind(4)  # each [G, n, s, B, D]
+        heads = lambda z: z.reshape(g, n, s, nb * self.heads, self.dh).transpose(2, 3).contiguous()
+        return heads(k), heads(v)  # [G, n, B*h, s, dh]
+
+    def cross_step(self, xs: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """``xs [G, n, 1, C]`` attends to cached ``k, v [G, n, B*h, s, dh]`` (additive ``mask [N, 1, s]``) -> ``[G, n, 1, C]``."""
+        g, n = xs.size(0), xs.size(1)
+        rows, s, dh = g * n * self.nb * self.heads, k.size(3), self.dh
+        q = _apply(xs, self.q)  # [G, n, 1, B*D]
+        o = _attend_one(q.view(rows, 1, dh), k.view(rows, s, dh), v.view(rows, s, dh), mask)
+        return _apply(o.view(g, n, 1, self.nb * self.width), self.out)
+
+
+class IncrementalLayer:
+    """A :class:`DecoderLayer` cropped to one layer arch ``dims`` at model width ``C``, with the
+    state of incremental (key/value-cached) decoding for a batch of ``n`` rows.
+
+    Every weight is cropped (and, for several groups, stacked and transposed) once here, not at
+    each step; the self-attention keys/values go into preallocated ``[G, n, B*h, T_max, dh]``
+    buffers (doubled when full); the cross-attention keys/values of ``memory`` are computed once;
+    Prime's causal convolution keeps its last ``K - 1`` values. Each :meth:`step` then equals
+    ``DecoderLayer.forward`` at the newest position (eval mode: no dropout, no drop-branch).
+
+    Args:
+        layer: the decoder layer.
+        dims: its choices (width, FFN width, branches, paths, layout, kernels, units, dependency).
+        memory: encoder output ``[n, s, C]``.
+        src_pad: ``[n, s]`` bool, True at padding.
+        max_len: expected target length (tokens), the initial buffer length.
+
+    Raises:
+        ValueError: ``dims.layout`` is not built in ``layer``.
+    """
+
+    def __init__(self, layer: "DecoderLayer", dims: LayerArch, memory: torch.Tensor, src_pad: torch.Tensor | None,
+                 max_len: int = 64) -> None:
+        layer._check_layout(dims)
+        self.layer, self.dims = layer, dims
+        c, n = memory.size(-1), memory.size(0)
+        self.c, self.units = c, dims.units
+        self.paths = paths = dims.paths if dims.layout == "sequential" else 1
+        self.prime = dims.layout == "prime"
+        groups = dims.units * paths
+        self.self_attn = _AttentionStep(layer.self_attn, dims.units, groups, dims.branches, dims.width, c)
+        self.cross_attn = _AttentionStep(layer.cross_attn, dims.units, groups, dims.branches, dims.width, c)
+        shape = (groups, n, dims.branches * layer.self_attn.heads, max(max_len, 1), self.self_attn.dh)
+        self.k = memory.new_zeros(shape)  # [G, n, B*h, T_max, dh]
+        self.v = memory.new_zeros(shape)
+        self.ck, self.cv = self.cross_attn.cross_kv(memory)  # [G, n, B*h, s, dh]
+        self.pad = src_pad if src_pad is not None and bool(src_pad.any()) else None  # [n, s]
+        self.mask = self._mask()
+        self._prepare_ffn(layer, dims, c)
+        if self.prime:
+            self.norm_w = layer.prime_norm_weight[:dims.units, None, None, :c]  # [U, 1, 1, C]
+            self.norm_b = layer.prime_norm_bias[:dims.units, None, None, :c]
+            if dims.kernels:
+                self._prepare_conv(layer.conv, dims, c, n, memory)
+        else:
+            self.ln = {name: self._path_ln(getattr(layer, f"{name}_paths"), dims.units, paths, c)
+                       for name in ("self_attn", "cross_attn", "ffn")}
+        if dims.units > 1:
+            self.unit_w = layer.unit_alpha[:dims.units] / layer.unit_alpha[:dims.units].sum()  # [U]
+            self.shuffle = doubly_normalize(layer.shuffle[:dims.units, :dims.units]) \
+                if dims.unit_dependency == "sequential" else None
+
+    @staticmethod
+    def _path_ln(fusion: PathFusion, units: int, paths: int, c: int) -> Packed:
+        if units == 1 and paths == 1:
+            return fusion.ln_weight[0, 0, :c].contiguous(), fusion.ln_bias[0, 0, :c].contiguous()
+        w, b = fusion.ln_affine(units, paths, c)  # [U, P, C]
+        return w[:, :, None, None], b[:, :, None, None]  # [U, P, 1, 1, C]
+
+    def _mask(self) -> torch.Tensor | None:
+        """Additive cross-attention mask ``[N, 1, s]`` (-inf at padding), None without padding."""
+        if self.pad is None:
+            return None
+        g, n, bh, s = self.ck.size(0), self.ck.size(1), self.ck.size(2), self.ck.size(3)
+        add = torch.zeros(self.pad.shape, dtype=self.ck.dtype, device=self.ck.device).masked_fill(self.pad, float("-inf"))
+        return add[None, :, None, None, :].expand(g, n, bh, 1, s).reshape(g * n * bh, 1, s)
+
+    def _prepare_ffn(self, layer: "DecoderLayer", dims: LayerArch, c: int) -> None:
+        ffn, u, f = layer.ffn, dims.units, dims.ffn_width
+        p = self.paths
+        self.folded = not self.prime and (u > 1 or p > 1)
+        if self.folded:  # ElasticFFN.folded with the per-path LN affine folded in once
+            w1, b1 = ffn.w1[:u, :p, :f, :c], ffn.b1[:u, :p, :f]  # [U, P, F, C]
+            ln_w, ln_b = layer.ffn_paths.ln_affine(u, p, c)
+            w1f = (w1 * ln_w[:, :, None, :]).flatten(0, 1)  # [G, F, C]
+            b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_b)).flatten(0, 1)  # [G, F]
+            self.ffn1 = (w1f.transpose(1, 2), b1f[:, None, :])
+        else:
+            self.ffn1 = _pack(ffn.w1[:u, :p, :f, :c].flatten(0, 1), ffn.b1[:u, :p, :f].flatten(0, 1))
+        self.ffn2 = _pack(ffn.w2[:u, :p, :c, :f].flatten(0, 1), ffn.b2[:u, :p, :c].flatten(0, 1))
+
+    def _prepare_conv(self, conv: DynamicConv, dims: LayerArch, c: int, n: int, memory: torch.Tensor) -> None:
+        u, kernels = dims.units, dims.kernels
+        big = max(kernels)
+        self.conv_gate = torch.softmax(torch.stack([conv.gate[str(k)][:u] for k in kernels], -1), -1)  # [U, n_k]
+        self.conv_gen = _pack(torch.cat([conv.gen_weight[str(k)][:u, :, :c] for k in kernels], 1),
+                              torch.cat([conv.gen_bias[str(k)][:u] for k in kernels], 1))  # [U, sum k, C]
+        self.conv_out = _pack(conv.w_out[:u, :c, :dims.width], conv.b_out[:u, :c])
+        self.conv_v = memory.new_zeros(u, n, big - 1, dims.width)  # the last K-1 values [U, n, K-1, D]
+
+    def _conv_step(self, xu: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal dynamic convolution (Unified Transformer eq. 5-7) at the newest position:
+        ``xu [U, n, 1, C]``, values ``v [U, n, 1, D]`` -> ``[U, n, 1, C]``."""
+        kernels = self.dims.kernels
+        big = max(kernels)
+        logits = _apply(xu, self.conv_gen)  # [U, n, 1, sum k]
+        if len(kernels) == 1:
+            kernel = torch.softmax(logits, -1) * self.conv_gate[:, 0, None, None, None]  # [U, n, 1, K]
+        else:
+            kernel = xu.new_zeros(*xu.shape[:3], big, dtype=logits.dtype)
+            for i, (k, part) in enumerate(zip(kernels, logits.split(list(kernels), dim=-1))):
+                kernel[..., big - k:] += self.conv_gate[:, i, None, None, None] * torch.softmax(part, -1)  # eq. 6
+        window = torch.cat([self.conv_v, v], 2)  # [U, n, K, D]
+        self.conv_v = window[:, :, 1:]
+        return _apply(torch.matmul(kernel.to(v.dtype), window), self.conv_out)  # [U, n, 1, D] -> C
+
+    def _paths_in(self, xu: torch.Tensor, name: str) -> torch.Tensor:
+        """``LN_{u,p}(x_u)``: ``[U, n, 1, C] -> [G, n, 1, C]`` (:meth:`PathFusion.paths_in`)."""
+        w, b = self.ln[name]
+        if w.dim() == 1:
+            return F.layer_norm(xu, (self.c,), w, b)
+        return torch.addcmul(b, F.layer_norm(xu, (self.c,)).unsqueeze(1), w).flatten(0, 1)
+
+    def _fuse(self, xu: torch.Tensor, ys: torch.Tensor, name: str) -> torch.Tensor:
+        return xu + ys if self.paths == 1 else getattr(self.layer, f"{name}_paths").fuse(xu, ys)
+
+    def _ffn(self, xu: torch.Tensor) -> torch.Tensor:
+        """The FFN of every group: ``[U, n, 1, C] -> [G, n, 1, C]`` (pre-norm unless Prime)."""
+        if self.prime:
+            return _apply(F.relu(_apply(xu, self.ffn1)), self.ffn2)
+        if not self.folded:
+            return _apply(F.relu(_apply(self._paths_in(xu, "ffn"), self.ffn1)), self.ffn2)
+        u, n, t, c = xu.shape
+        xn = F.layer_norm(xu, (c,))
+        if torch.is_autocast_enabled(xn.device.type):
+            xn = xn.to(torch.get_autocast_dtype(xn.device.type))
+        groups = self.ffn1[0].size(0)
+        shared = xn.reshape(u, 1, n * t, c).expand(u, groups // u, n * t, c)
+        shared = shared[0] if u == 1 else shared.reshape(groups, n * t, c)
+        hidden = F.relu(torch.baddbmm(self.ffn1[1], shared, self.ffn1[0]))  # [G, n, F]
+        return torch.baddbmm(self.ffn2[1], hidden, self.ffn2[0]).view(groups, n, t, c)
+
+    def _combine(self, outs: torch.Tensor) -> torch.Tensor:
+        """Units' outputs ``[U, n, 1, C] -> [n, 1, C]`` (:meth:`_UnifiedLayer._combine`)."""
+        if self.units == 1:
+            return outs[0]
+        if self.shuffle is not None:
+            permuted = torch.einsum("ij,ibtc->jbtc", self.shuffle.to(outs.dtype), outs)
+            count = torch.arange(1, self.units + 1, device=outs.device, dtype=outs.dtype)
+            outs = permuted.cumsum(0) / count[:, None, None, None]
+        return torch.einsum("u,ubtc->btc", self.unit_w.to(outs.dtype), outs)
+
+    def step(self, x: torch.Tensor, pos: int) -> torch.Tensor:
+        """``x [n, 1, C]``, the newest position ``pos`` (0-based) -> ``[n, 1, C]``."""
+        if pos >= self.k.size(3):  # grow the key/value buffers (doubling)
+            self.k, self.v = (torch.cat([b, torch.zeros_like(b)], 3) for b in (self.k, self.v))
+        xu = x[None] if self.units == 1 else x[None].expand(self.units, -1, -1, -1)  # [U, n, 1, C]
+        if self.prime:
+            y, values = self.self_attn.self_step(xu, self.k, self.v, pos, values=True)
+            total = xu + y + self.cross_attn.cross_step(xu, self.ck, self.cv, self.mask)
+            if self.dims.kernels:
+                total = total + self._conv_step(xu, values)
+            total = total + self._ffn(xu)
+            normed = F.layer_norm(total, (self.c,)) * self.norm_w + self.norm_b  # Unified Transformer eq. 4
+            return self._combine(normed)
+        y, _ = self.self_attn.self_step(self._paths_in(xu, "self_attn"), self.k, self.v, pos)
+        xu = self._fuse(xu, y, "self_attn")
+        xu = self._fuse(xu, self.cross_attn.cross_step(self._paths_in(xu, "cross_attn"), self.ck, self.cv, self.mask),
+                        "cross_attn")
+        return self._combine(self._fuse(xu, self._ffn(xu), "ffn"))
+
+    def reorder(self, index: torch.Tensor, length: int, sentences: torch.Tensor | None = None) -> None:
+        """Keep rows ``index [n']`` of the per-hypothesis state (keys/values of the first ``length``
+        positions, the convolution window) and, when ``sentences [n']`` is given, of the
+        cross-attention keys/values and mask (finished sentences leaving the batch)."""
+        if index.numel() == self.k.size(1):  # same row count: reorder the filled prefix in place
+            self.k[:, :, :, :length] = self.k[:, :, :, :length].index_select(1, index)
+            self.v[:, :, :, :length] = self.v[:, :, :, :length].index_select(1, index)
+        else:
+            self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        if self.prime and self.dims.kernels:
+            self.conv_v = self.conv_v.index_select(1, index)
+        if sentences is not None:
+            self.ck, self.cv = self.ck.index_select(1, sentences), self.cv.index_select(1, sentences)
+            if self.pad is not None:
+                self.pad = self.pad.index_select(0, sentences)
+                self.mask = self._mask()

@@ -184,7 +184,12 @@ class SuperTransformer(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, step: int, memory: torch.Tensor, src_pad: torch.Tensor,
                     arch: Arch | None, cache: list[LayerCache]) -> torch.Tensor:
-        """One incremental decoding step with a key/value cache.
+        """One incremental decoding step with a key/value cache held in plain dicts.
+
+        The interface of the ONNX export (each step's state in, the grown state out: keys and
+        values are concatenated, weights cropped at every call). To decode in PyTorch use
+        :class:`nas.model.decode.IncrementalDecoder` (weights cropped once, preallocated keys
+        and values; several times faster per step), which :func:`~nas.model.decode.beam_search` uses.
 
         Args:
             tokens: the newest target token per row ``[n, 1]`` (position ``step``).

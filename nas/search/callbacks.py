@@ -2,9 +2,10 @@
 
 The driver is the only MLflow writer (no "database is locked" with SQLite). Each search trial
 becomes one child run of the sweep's parent run, keyed by its Optuna trial number (tag
-``nas.optuna_trial``; the current Ray trial id is tag ``nas.trial_id``); the supernet training is one
-child run keyed by its role. A trial that starts again (a retry, or a re-run after the driver was
-killed) reuses its run: no duplicate runs, params logged once, and a run that was FINISHED stays as it is.
+``nas.optuna_trial``; the current Ray trial id is tag ``nas.trial_id``), and so does each fine-tuned
+one (role ``finetune``, :mod:`nas.search.finetune`); the supernet training is one child run keyed by its
+role. A trial that starts again (a retry, or a re-run after the driver was killed) reuses its run: no
+duplicate runs, params logged once, and a run that was FINISHED stays as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ class MlflowTrialCallback(Callback):
         experiment: MLflow experiment name.
         sweep_id: the sweep whose parent run (``nas.role=sweep``) the child runs go under; looked up
             when the experiment starts, so a callback restored by ``Tuner.restore`` finds it again.
-        role: ``supernet`` or ``trial`` (the ``nas.role`` tag).
+        role: ``supernet``, ``trial`` or ``finetune`` (the ``nas.role`` tag); a run is keyed by role and
+            Optuna trial number (``nas.optuna_trial``) when the trial's config carries one.
         tags: extra tags for every child run (sweep id, supernet folder, data folder).
         params: extra params for every child run (flattened).
     """

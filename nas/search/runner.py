@@ -99,6 +99,7 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
 
 
 def _is_uri(path: str | Path) -> bool:
+    """Whether ``path`` is a URI (``s3://bucket/prefix?endpoint_override=...``) rather than a local folder."""
     return "://" in str(path)
 
 
@@ -106,13 +107,17 @@ def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path | str:
     """The Ray Tune experiment folder of a sweep's ``train`` or ``search`` stage (named by the sweep id, so
     a sweep started afresh in the same folder never restores another one's experiment), under
     ``resources.storage_path`` (default ``<workdir>/<name>/ray``): a local folder, or a URI string
-    (``s3://bucket/prefix/<sweep id>-<stage>``) when the storage is remote."""
+    when the storage is remote, its query kept last as pyarrow reads it
+    (``s3://bucket/prefix/<sweep id>-<stage>?endpoint_override=host:8333&scheme=http``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
     name = f"{sweep_id}-{stage}"
     storage = spec.resources.storage_path
     if storage is None:
         return spec.run_dir.resolve() / "ray" / name
     if _is_uri(storage):
-        return f"{storage.rstrip('/')}/{name}"
+        uri = urlsplit(storage)
+        return urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{name}"))
     return Path(storage).expanduser().resolve() / name
 
 
@@ -150,8 +155,9 @@ def _settings(spec: SweepSpec) -> dict[str, Any]:
     tracking_section = spec.tracking.model_dump(mode="json")
     if tracking_section.get("optuna_storage"):
         tracking_section["optuna_storage"] = redact_url(tracking_section["optuna_storage"])
-    return spec.redact({"space": spec.space.model_dump(mode="json", exclude_none=True),
-                        "search": spec.search.model_dump(mode="json"), "tracking": tracking_section})
+    return spec.redact({"space": spec.space.model_dump(mode="json", exclude_none=True),  # finetune runs after the
+                        "search": spec.search.model_dump(mode="json", exclude={"finetune"}),  # search: it may change
+                        "tracking": tracking_section})
 
 
 def read_sweep_record(run_dir: Path) -> SweepRecord | None:
@@ -265,55 +271,74 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
 
 
 def _restorable(exp_dir: Path | str) -> bool:
-    """Whether ``exp_dir`` holds a Ray Tune experiment to restore.
+    """Whether ``exp_dir`` (a local folder or a URI, see :func:`ray_dir`) holds a Ray Tune experiment to restore.
 
     An experiment-state file cut short by the kill is moved aside (``*.corrupt``) so that Ray restores
-    from the previous one; without any readable state file the experiment starts afresh in the same folder.
-    A URI (``s3://...``) is only asked ``Tuner.can_restore``: its files are not inspected.
+    from the previous one, and so is a searcher state newer than every readable trial list (``*.ahead``: a
+    kill between Ray's uploads of the two); without any readable searcher state the experiment is moved aside
+    (``<name>.unrestorable-<time>``) and starts afresh. Files are read, renamed and copied through pyarrow's
+    filesystem for the folder, so the same rules hold on S3 (which has no renames: copy, then delete).
     """
-    if not tune.Tuner.can_restore(str(exp_dir)):
-        return False
-    if _is_uri(exp_dir):
-        return True
-    exp_dir = Path(exp_dir)
-    try:
-        pickle.loads((exp_dir / "tuner.pkl").read_bytes())
-    except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
-        console.print(f"[yellow]{exp_dir / 'tuner.pkl'} is unreadable ({type(e).__name__}); starting the "
-                      "Ray Tune experiment afresh[/yellow]")
-        return False
+    import fnmatch
+
+    import pyarrow.fs
     from ray import cloudpickle
 
-    def load_json(blob: bytes) -> Any:
-        return json.loads(blob.decode("utf-8"))
+    if not tune.Tuner.can_restore(str(exp_dir)):
+        return False
+    uri = _is_uri(exp_dir)
+    fs, root = pyarrow.fs.FileSystem.from_uri(str(exp_dir) if uri else str(Path(exp_dir).resolve()))
+    shown = (lambda path: f"{str(exp_dir).split('://')[0]}://{path}") if uri else (lambda path: path)
 
-    readers = {"experiment_state-*.json": load_json, "search_gen_state-*.json": cloudpickle.loads,
+    def read(name: str) -> bytes:
+        with fs.open_input_stream(f"{root}/{name}") as f:
+            return f.read()
+
+    def set_aside(name: str, suffix: str) -> None:
+        fs.move(f"{root}/{name}", f"{root}/{name}{suffix}")
+
+    try:
+        pickle.loads(read("tuner.pkl"))
+    except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
+        console.print(f"[yellow]{shown(root + '/tuner.pkl')} is unreadable ({type(e).__name__}); starting the "
+                      "Ray Tune experiment afresh[/yellow]")
+        return False
+    names = sorted(info.base_name for info in fs.get_file_info(pyarrow.fs.FileSelector(root))
+                   if info.type == pyarrow.fs.FileType.File)
+    readers = {"experiment_state-*.json": lambda blob: json.loads(blob.decode("utf-8")),
+               "search_gen_state-*.json": cloudpickle.loads,
                "basic-variant-state-*.json": cloudpickle.loads}  # the trials, then the searcher (ours or Ray's default)
-    valid = {}
-    for pattern, read in readers.items():
+    valid: dict[str, list[str]] = {}
+    for pattern, reader in readers.items():
         valid[pattern] = []
-        for path in sorted(exp_dir.glob(pattern)):
+        for name in fnmatch.filter(names, pattern):
             try:
-                read(path.read_bytes())
-                valid[pattern].append(path)
+                reader(read(name))
+                valid[pattern].append(name)
             except Exception:  # cut short while Ray copied it to the experiment folder
-                path.rename(path.with_name(path.name + ".corrupt"))
-                console.print(f"[yellow]moved aside a Ray state file cut short by the kill: {path}[/yellow]")
-    def session(path: Path) -> str:
-        return path.name.split("-", 1)[1] if path.name.startswith("experiment_state") else path.name.rsplit("state-", 1)[1]
+                set_aside(name, ".corrupt")
+                console.print(f"[yellow]moved aside a Ray state file cut short by the kill: "
+                              f"{shown(root + '/' + name)}[/yellow]")
+
+    def session(name: str) -> str:
+        return name.split("-", 1)[1] if name.startswith("experiment_state") else name.rsplit("state-", 1)[1]
 
     if valid["experiment_state-*.json"]:  # a searcher state newer than the trials it goes with would skip trials
-        newest = max(session(p) for p in valid["experiment_state-*.json"])
+        newest = max(session(n) for n in valid["experiment_state-*.json"])
         for pattern in ("search_gen_state-*.json", "basic-variant-state-*.json"):
-            for path in [p for p in valid[pattern] if session(p) > newest]:
-                path.rename(path.with_name(path.name + ".ahead"))
-                valid[pattern].remove(path)
+            for name in [n for n in valid[pattern] if session(n) > newest]:
+                set_aside(name, ".ahead")
+                valid[pattern].remove(name)
     searcher_state = valid["search_gen_state-*.json"] or valid["basic-variant-state-*.json"]
     if valid["experiment_state-*.json"] and not searcher_state:  # killed between Ray's two writes
-        aside = exp_dir.with_name(f"{exp_dir.name}.unrestorable-{time.strftime('%Y%m%d-%H%M%S')}")
-        exp_dir.rename(aside)
-        console.print(f"[yellow]{aside}: no readable search state; starting the Ray Tune experiment afresh (the "
-                      "Optuna study keeps every trial)[/yellow]")
+        aside = f"{root.rstrip('/')}.unrestorable-{time.strftime('%Y%m%d-%H%M%S')}"
+        if uri:
+            pyarrow.fs.copy_files(root, aside, source_filesystem=fs, destination_filesystem=fs)
+            fs.delete_dir(root)
+        else:
+            fs.move(root, aside)
+        console.print(f"[yellow]{shown(aside)}: no readable search state; starting the Ray Tune experiment afresh "
+                      "(the Optuna study keeps every trial)[/yellow]")
         return False
     return bool(valid["experiment_state-*.json"])
 
@@ -328,7 +353,14 @@ def _tuner(trainable, exp_dir: Path | str, *, restart_errored: bool, **new_run) 
 
 def _run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.RunConfig:
     """Ray Tune's run config for the experiment folder ``exp_dir`` (a local path or a URI, see :func:`ray_dir`)."""
-    storage, _, name = str(exp_dir).rstrip("/").rpartition("/")
+    from urllib.parse import urlsplit, urlunsplit
+
+    if _is_uri(exp_dir):  # s3://bucket/prefix/name?query -> (s3://bucket/prefix?query, name)
+        uri = urlsplit(str(exp_dir))
+        parent, _, name = uri.path.rstrip("/").rpartition("/")
+        storage = urlunsplit(uri._replace(path=parent))
+    else:
+        storage, name = str(Path(exp_dir).parent), Path(exp_dir).name
     return tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
                           failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)
 
@@ -382,8 +414,13 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
                                    results_dir=results_dir(spec, sweep_id))
                 supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
                 completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
+                finetuned: dict[str, int] = {}
+                if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
+                    from nas.search.finetune import finetune_counts, run_finetune_stage
+
+                    finetuned = finetune_counts(run_finetune_stage(spec, ctx, experiment, tags, study, sweep_id))
                 tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed,
-                                              "trials_failed": failed})
+                                              "trials_failed": failed, **finetuned})
                 if completed == 0:
                     raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
                                       + "\n".join(f"  trial {n}: {e}" for n, e in errors)
@@ -402,6 +439,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
 def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resumed: bool) -> str:
     """The sweep's parent run: reused (keyed by ``nas.sweep_id``) and reopened, or created."""
     params = {"yaml": record.spec_file, "search.method": spec.search.method, "search.trials": spec.search.trials}
+    if spec.search.constraints:  # read back by the Pareto plot and `nas report`: the front is feasible trials only
+        params[tracking.PARAM_CONSTRAINTS] = "; ".join(c.key for c in spec.search.parsed_constraints())
     if spec.tracking.optuna_storage:
         params["tracking.optuna_storage"] = redact_url(spec.tracking.optuna_storage)
     params = spec.redact(params)
@@ -497,7 +536,8 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
                   study: StudyRef) -> tuple[int, int, list[tuple[int, str]]]:
     """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)])."""
     se = spec.search
-    searcher = DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se)
+    space = SearchSpace.from_spec(spec)
+    searcher = DurableOptunaSearch(DefineByRun(space), study, se, points=space.point_params(se.points_to_evaluate))
     callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
     trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx),
                                     {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})

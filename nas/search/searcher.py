@@ -159,18 +159,26 @@ class DurableOptunaSearch(Searcher):
         space: callable that suggests the arch's parameters on an ``optuna.Trial`` (define-by-run).
         study: where the study is (created on first use, loaded when it exists).
         search: the YAML's ``search`` section: ``trials`` (total, over every driver that resumes the sweep),
-            ``max_concurrent``, ``metrics`` (Optuna objectives, in order), ``method`` and ``seed``.
+            ``max_concurrent``, ``metrics`` (Optuna objectives, in order), ``constraints`` (told with
+            ``Trial.set_constraint`` before the values, so the samplers and ``study.best_trials`` see them),
+            ``method`` and ``seed``.
+        points: Optuna parameters of the first trials (``search.points_to_evaluate`` resolved by
+            :meth:`nas.space.space.SearchSpace.point_params`): trial ``i < len(points)`` is enqueued with
+            ``points[i]`` (``study.enqueue_trial``; parameters left out are sampled).
 
     Use it with ``num_samples=-1`` and an :class:`OptunaSync` callback holding the same object.
     """
 
-    def __init__(self, space: Callable[[optuna.Trial], Any], study: StudyRef, search: SearchSpec) -> None:
+    def __init__(self, space: Callable[[optuna.Trial], Any], study: StudyRef, search: SearchSpec,
+                 points: Sequence[dict[str, Any]] = ()) -> None:
         names = [m.name for m in search.metrics]
         modes = ["max" if m.goal == "maximize" else "min" for m in search.metrics]
         super().__init__(metric=names[0] if len(names) == 1 else None, mode=modes[0] if len(modes) == 1 else None)
         self.space, self.study_ref, self.search = space, study, search
         self.objectives = names
         self.directions = ["maximize" if m == "max" else "minimize" for m in modes]
+        self.constraints = search.parsed_constraints()
+        self.points = [dict(p) for p in points]
         self._reset()
 
     def _reset(self) -> None:
@@ -254,11 +262,15 @@ class DurableOptunaSearch(Searcher):
             self._live.add(trial_id)
             extra = {ERROR_KEY: str(frozen.user_attrs.get(ATTR_ERROR, ""))} if frozen.state == TrialState.FAIL else {}
             return {**frozen.params, OPTUNA_TRIAL_KEY: frozen.number, FINISHED_KEY: frozen.state.name, **extra}
-        if orphans:  # asked before a kill, never persisted by Ray: this new Ray trial takes it over
+        if orphans and orphans[0].state == TrialState.WAITING:  # enqueued just before a kill: ask pops it
+            trial = self.study.ask()
+        elif orphans:  # asked before a kill, never persisted by Ray: this new Ray trial takes it over
             trial = optuna.trial.Trial(self.study, orphans[0]._trial_id)
         elif len(trials) >= self.search.trials:
             return Searcher.FINISHED
         else:
+            if len(trials) < len(self.points):  # a starting point: enqueued, then popped by ask
+                self.study.enqueue_trial(self.points[len(trials)])
             trial = self.study.ask()
         trial.set_user_attr(ATTR_RAY_TRIAL, trial_id)
         self.space(trial)  # on an orphan: returns the params it has, samples those a kill cut short
@@ -300,6 +312,14 @@ class DurableOptunaSearch(Searcher):
         if bad:
             self._fail(number, f"objective missing or not finite: {', '.join(bad)}")
             return
+        if self.constraints:
+            trial = optuna.trial.Trial(self.study, frozen._trial_id)
+            for c in self.constraints:
+                if c.key in frozen.constraints:  # set before a kill cut the tell short
+                    continue
+                value = result.get(c.metric)
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                trial.set_constraint(c.key, c.violation(float(value)) if ok else math.inf)  # missing: infeasible
         self.study.tell(number, [float(v) for v in values])
 
     def _fail(self, number: int, message: str) -> None:

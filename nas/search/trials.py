@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,14 @@ import torch
 from ray import tune
 
 from nas.data import PreparedData
-from nas.evaluate import corpus_scores, latency_ms, translate, valid_loss
+from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 
-__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "FAULT_ENV", "OPTUNA_TRIAL_KEY"]
+__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "FAULT_ENV", "OPTUNA_TRIAL_KEY"]
 
 FAULT_ENV = "NAS_TEST_FAULT"
 """Test-only fault injection (see the module docstring)."""
@@ -75,13 +76,28 @@ def _supernet(directory: str) -> SuperTransformer:
     return load_model(directory, "supernet")
 
 
+@functools.lru_cache(maxsize=2)
+def _predictor(path: str):
+    from nas.latency import LatencyPredictor
+
+    return LatencyPredictor.load(path)
+
+
 def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData) -> dict[str, float]:
     """Score a sub-Transformer with inherited weights on the validation set.
 
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
     ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and
-    ``latency_ms`` (median ms per sentence at batch size 1 over ``search.latency_sentences``).
+    ``latency_ms``: with ``search.latency: measured``, the median ms to translate one sentence (batch size 1,
+    beam search, embeddings and output projection included) with the extracted sub-Transformer over the first
+    ``search.latency_sentences`` validation sentences (:func:`nas.latency.measure_latency`, as
+    ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
+    (HAT sec. 3.3). When a predictor is given with ``measured``, ``latency_pred_ms`` is added and
+    ``latency_drift`` (``|pred - measured| / measured``), and a drift above 20% is warned about.
     """
+    from nas.evaluate import _encode_src
+    from nas.latency import check_drift, measure_latency
+
     se = spec.search
     src_text, refs = data.valid_text()
     src_ids, tgt_ids = data.load_split("valid")
@@ -89,13 +105,36 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     tokenizer = data.tokenizer()
     hyps = translate(model, tokenizer, src_text[:n], arch, beam_size=se.beam_size)
     scores = corpus_scores(hyps, refs[:n])
-    return {
+    sub = extract(model, arch).eval()
+    metrics = {
         "bleu": scores.bleu,
         "chrf": scores.chrf,
         "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens),
-        "params_m": count_params(extract(model, arch)) / 1e6,
-        "latency_ms": latency_ms(model, tokenizer, src_text[: se.latency_sentences], arch, beam_size=se.beam_size),
+        "params_m": count_params(sub) / 1e6,
     }
+    predicted = None if se.latency_predictor is None else _predictor(str(se.latency_predictor)).predict(arch)
+    if se.latency == "predicted":
+        metrics["latency_ms"] = predicted
+        return metrics
+    ids = _encode_src(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
+    metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size)
+    if predicted is not None:
+        metrics["latency_pred_ms"] = predicted
+        metrics["latency_drift"] = abs(predicted - metrics["latency_ms"]) / metrics["latency_ms"]
+        warning = check_drift(predicted, metrics["latency_ms"])
+        if warning:
+            warnings.warn(f"{arch.summary()}: {warning}", stacklevel=2)
+    return metrics
+
+
+def feasibility(metrics: dict[str, float], spec: SweepSpec) -> dict[str, Any]:
+    """``feasible`` (1.0 when every ``search.constraints`` bound holds, else 0.0) and, when some bound fails,
+    ``violated`` (the failed constraints, ``"; "``-joined); empty without constraints."""
+    constraints = spec.search.parsed_constraints()
+    if not constraints:
+        return {}
+    failed = [c.key for c in constraints if not (c.metric in metrics and c.violation(metrics[c.metric]) <= 0)]
+    return {"feasible": 0.0 if failed else 1.0, **({"violated": "; ".join(failed)} if failed else {})}
 
 
 def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
@@ -126,7 +165,10 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     try:
         if fault == "oom":
             raise torch.OutOfMemoryError(f"{FAULT_ENV}=oom: injected out of memory in Optuna trial {number}")
-        metrics = score_arch(_supernet(str(ctx.supernet_dir)), arch, ctx.spec, ctx.data)
+        model = _supernet(str(ctx.supernet_dir))
+        if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
+            model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
+        metrics = score_arch(model, arch, ctx.spec, ctx.data)
     except torch.OutOfMemoryError as e:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -138,7 +180,8 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     if bad:
         raise FloatingPointError(f"Optuna trial {number}: non-finite {', '.join(f'{k}={v}' for k, v in bad.items())} "
                                  f"for {arch.summary()}; the supernet may have diverged (lower train.lr)")
-    result = {**metrics, "arch": arch.to_json(), "arch_id": arch.arch_id, "arch_summary": arch.summary()}
+    result = {**metrics, **feasibility(metrics, ctx.spec), "arch": arch.to_json(), "arch_id": arch.arch_id,
+              "arch_summary": arch.summary()}
     _store_result(ctx, number, result)
     tune.report({**result, "node_id": ray.get_runtime_context().get_node_id()})  # the Ray node that scored it
 

@@ -6,7 +6,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from nas.space.arch import LAYOUTS, Arch, StackArch
 from nas.space.spec import Dimension, SweepSpec
@@ -188,6 +188,71 @@ class SearchSpace:
                 raise KeyError(f"parameter {name!r} missing from trial config {sorted(params)}")
             return _unlabel(name, params[name])
         return self._uniform(pick)
+
+    def params_of(self, arch: Arch) -> dict[str, Any]:
+        """The Optuna parameters (labels, as :meth:`suggest` stores them) that make ``arch``; the inverse of
+        :meth:`from_params` for an arch of this space.
+
+        Raises:
+            ValueError: ``arch`` is not in this space (names the first parameter whose value is not a choice).
+        """
+        params: dict[str, Any] = {}
+        wanted = {"encoder": arch.encoder, "decoder": arch.decoder}
+
+        def choose(name: str, values: tuple) -> Any:
+            parts = name.split(".")
+            if name == "model_width":
+                value = arch.model_width
+            elif parts[1] == "layers":
+                value = len(getattr(wanted[parts[0]], ORDER[0]))
+            else:
+                value = getattr(wanted[parts[0]], parts[1])[int(parts[2]) if len(parts) > 2 else 0]
+            if value not in values:
+                raise ValueError(f"{name}={_label(value)!r} is not one of this space's choices "
+                                 f"{[_label(v) for v in values]}")
+            params[name] = _label(value)
+            return value
+
+        self._uniform(choose)
+        return params
+
+    def check_params(self, params: Mapping[str, Any]) -> str | None:
+        """Why a partial set of Optuna parameters (a ``search.points_to_evaluate`` mapping) can't be enqueued,
+        or None. A name must be one :meth:`suggest` can ask (``encoder.layers``, ``encoder.width.3`` for a
+        per-layer dimension within the deepest stack, ``decoder.branches`` for a per-stack one) and its value
+        one of that choice's labels (kernel sets as ``"3,15"``, ``"none"`` for no kernel)."""
+        for name, value in params.items():
+            parts = str(name).split(".")
+            if name == "model_width":
+                values = self.model_widths
+                if values == (None,):
+                    return "model_width: this space has no model_width choice (space.model_width is not set)"
+            elif len(parts) in (2, 3) and parts[0] in ("encoder", "decoder") and parts[1] == "layers" and len(parts) == 2:
+                values = self.layers[parts[0]]
+            elif len(parts) in (2, 3) and parts[0] in ("encoder", "decoder") and parts[1] in self.dims:
+                dim = parts[1]
+                if dim in self.tie:
+                    return f"{name}: {dim} is tied to model_width, not a choice"
+                if self.per_layer[dim] != (len(parts) == 3):
+                    form = f"{parts[0]}.{dim}.LAYER" if self.per_layer[dim] else f"{parts[0]}.{dim}"
+                    return f"{name}: {dim} is chosen {'per layer' if self.per_layer[dim] else 'per stack'}; write {form}"
+                if len(parts) == 3 and not (parts[2].isdigit() and int(parts[2]) < max(self.layers[parts[0]])):
+                    return f"{name}: layer index must be 0..{max(self.layers[parts[0]]) - 1}"
+                values = self.dims[dim]
+            else:
+                return (f"{name}: not a parameter of this space; parameters look like encoder.layers, "
+                        f"encoder.width.0 (per layer) or decoder.branches (per stack)")
+            labels = [_label(v) for v in values]
+            if value not in labels:
+                return f"{name}: {value!r} is not one of the choices {labels}"
+        return None
+
+    def point_params(self, points: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Optuna parameters of ``search.points_to_evaluate``: ``widest``/``narrowest``/``middle`` become
+        the full parameters of that reference sub-Transformer, a mapping is kept as it is (validate it with
+        :meth:`check_params`)."""
+        refs = {"widest": self.widest, "narrowest": self.narrowest, "middle": self.middle}
+        return [self.params_of(refs[p]()) if isinstance(p, str) else dict(p) for p in points]
 
     def _layer_count(self) -> int:
         """Distinct choices of one layer from its per-layer dimensions (exact with conditions)."""

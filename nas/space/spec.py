@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 
-__all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "REDACTED"]
+__all__ = ["SweepSpec", "SpecError", "load_spec", "parse_spec", "REDACTED", "Constraint", "parse_constraint",
+           "METRIC_NAMES", "FinetuneSpec"]
 
 REDACTED = "***"
 """What values interpolated from the environment (``${VAR}``) are replaced by wherever the spec is logged."""
@@ -300,8 +301,87 @@ class TrainSpec(_Strict):
 
 
 class MetricSpec(_Strict):
-    name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms"]
+    name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms"]  # METRIC_NAMES
     goal: Literal["maximize", "minimize"]
+
+
+METRIC_NAMES = ("bleu", "chrf", "valid_loss", "params_m", "latency_ms")
+"""The metrics every scored trial reports (objectives and constraints name these)."""
+_CONSTRAINT = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+class Constraint(typing.NamedTuple):
+    """A parsed ``search.constraints`` entry ``METRIC OP BOUND`` (OP ``<=``/``<`` or ``>=``/``>``)."""
+
+    metric: str
+    op: str
+    bound: float
+
+    @property
+    def key(self) -> str:
+        """The name Optuna stores it under (``trial.set_constraint(key, ...)``), e.g. ``latency_ms<=40``."""
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+    def violation(self, value: float) -> float:
+        """Optuna's constraint value: ``<= 0`` when ``value`` satisfies the bound (strict and non-strict
+        bounds are treated alike), else how far it is off, in the metric's units."""
+        return value - self.bound if self.op in ("<=", "<") else self.bound - value
+
+
+def parse_constraint(expr: str) -> Constraint:
+    """Parse ``"latency_ms <= 40"`` into a :class:`Constraint`.
+
+    Raises:
+        ValueError: not ``METRIC OP NUMBER``, an unknown metric, or a bound that is not a finite number.
+    """
+    m = _CONSTRAINT.match(expr) if isinstance(expr, str) else None
+    if m is None:
+        raise ValueError(f"bad constraint {expr!r}: expected METRIC OP NUMBER with OP one of <=, <, >=, > "
+                         f"(e.g. 'latency_ms <= 40')")
+    metric, op, text = m.groups()
+    if metric not in METRIC_NAMES:
+        hint = difflib.get_close_matches(metric, METRIC_NAMES, n=1)
+        raise ValueError(f"bad constraint {expr!r}: unknown metric {metric!r}"
+                         + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                         + f"; a trial reports {', '.join(METRIC_NAMES)}")
+    try:
+        bound = float(text)
+    except ValueError:
+        bound = float("nan")
+    if bound != bound or bound in (float("inf"), float("-inf")):
+        raise ValueError(f"bad constraint {expr!r}: {text!r} is not a finite number")
+    return Constraint(metric, op, bound)
+
+
+class FinetuneSpec(_Strict):
+    """Optional fine-tune stage after the search: the most promising sub-Transformers are trained a few
+    hundred steps from their inherited weights, and Ray Tune's ASHA scheduler stops the weak ones early."""
+
+    top_k: int = Field(4, ge=1)
+    """Sub-Transformers fine-tuned: the search's Pareto front (feasible trials only) first, then the best
+    remaining trials by the first metric."""
+    steps: int = Field(200, ge=1)
+    """Fine-tune steps of a sub-Transformer that ASHA never stops."""
+    eval_every: int = Field(50, ge=1)
+    """Steps between two validation losses (one ASHA time unit)."""
+    grace_period: int = Field(1, ge=1)
+    """Evaluations a sub-Transformer gets before ASHA may stop it."""
+    reduction_factor: int = Field(2, ge=2)
+    """ASHA's reduction factor: about 1/reduction_factor of the trials go on at each rung."""
+    lr: float | None = Field(None, gt=0)
+    """Peak learning rate (default: train.lr / 10, since the weights are already trained)."""
+    warmup_steps: int = Field(20, ge=0)
+
+    @model_validator(mode="after")
+    def _check_rungs(self) -> "FinetuneSpec":
+        if self.eval_every > self.steps:
+            raise ValueError(f"eval_every={self.eval_every} is above steps={self.steps}: ASHA would see no "
+                             f"validation loss before the end; lower eval_every")
+        rungs = -(-self.steps // self.eval_every)
+        if self.grace_period > rungs:
+            raise ValueError(f"grace_period={self.grace_period} evaluations, but steps={self.steps} with "
+                             f"eval_every={self.eval_every} give only {rungs}; lower grace_period or eval_every")
+        return self
 
 
 class SearchSpec(_Strict):
@@ -323,6 +403,48 @@ class SearchSpec(_Strict):
     max_failures: int = Field(0, ge=0)
     """Retries of a failing trial (Ray Tune ``FailureConfig(max_failures)``), for search trials and the
     supernet-training trial; after the last retry the trial is recorded as failed and the sweep goes on."""
+    constraints: list[str] = Field(default_factory=list)
+    """Bounds a trial must satisfy to count, ``METRIC OP NUMBER`` (e.g. ``latency_ms <= 40``; OP <=, <, >=, >),
+    on any metric a trial reports. Each becomes ``trial.set_constraint`` in Optuna, so the samplers
+    (TPE, NSGA-II, GP) favour feasible archs and the Pareto front (``study.best_trials``) holds feasible
+    trials only; an infeasible trial still completes and is tagged ``feasible = 0``."""
+    points_to_evaluate: list[Union[Literal["widest", "narrowest", "middle"], dict[str, Union[int, str]]]] = \
+        Field(default_factory=list)
+    """Sub-Transformers scored first (Optuna ``enqueue_trial``), in order: ``widest``, ``narrowest``,
+    ``middle``, or a mapping of Optuna parameters (``encoder.layers: 2``, ``decoder.width.0: 128``; those
+    left out are sampled). They count toward ``trials``."""
+    latency: Literal["measured", "predicted"] = "measured"
+    """Where a trial's ``latency_ms`` comes from: timed on the trial's device (batch size 1, beam search,
+    ``latency_sentences``), or the ``latency_predictor`` (no timing; the predictor's device counts)."""
+    latency_predictor: Path | None = None
+    """A predictor written by ``nas latency fit`` (``.pt``). With ``latency: measured`` it is evaluated as
+    well (metric ``latency_pred_ms``), and a prediction more than 20% off the measurement is warned about."""
+    finetune: FinetuneSpec | None = None
+    """Optional ASHA fine-tune stage after the search (see :class:`FinetuneSpec`)."""
+
+    @field_validator("constraints")
+    @classmethod
+    def _check_constraints(cls, constraints: list[str]) -> list[str]:
+        for i, expr in enumerate(constraints):
+            try:
+                parse_constraint(expr)
+            except ValueError as e:
+                raise ValueError(f"constraints.{i}: {e}") from None
+        return constraints
+
+    @model_validator(mode="after")
+    def _check_latency(self) -> "SearchSpec":
+        if self.latency == "predicted" and self.latency_predictor is None:
+            raise ValueError("latency: predicted needs latency_predictor: a file written by "
+                             "`nas latency fit FILE --out PATH`; or set latency: measured")
+        if self.trials < len(self.points_to_evaluate):
+            raise ValueError(f"points_to_evaluate has {len(self.points_to_evaluate)} points but trials={self.trials}; "
+                             f"raise trials or drop points")
+        return self
+
+    def parsed_constraints(self) -> list[Constraint]:
+        """The :class:`Constraint` of each ``constraints`` entry, in order."""
+        return [parse_constraint(c) for c in self.constraints]
 
 
 class ResourcesSpec(_Strict):
@@ -796,6 +918,52 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
     raw = _interpolate(raw, (), secrets, str(path))
     spec = parse_spec(raw, str(path))
     spec._secrets = frozenset(secrets)
+    _check_points(spec, str(path))
     if check_files:
         _check_data_files(spec, str(path))
+        _check_latency_predictor(spec, str(path))
     return spec
+
+
+def _check_points(spec: "SweepSpec", source: str) -> None:
+    """Every ``search.points_to_evaluate`` mapping names parameters of this space with allowed values.
+
+    Raises:
+        SpecError: naming the point's index and the parameter.
+    """
+    from nas.space.space import SearchSpace  # the space is built from the spec
+
+    space = SearchSpace.from_spec(spec)
+    for i, point in enumerate(spec.search.points_to_evaluate):
+        if isinstance(point, dict):
+            why = space.check_params(point)
+            if why is not None:
+                raise SpecError(f"{source}: search.points_to_evaluate.{i}: {why}")
+
+
+def _check_latency_predictor(spec: "SweepSpec", source: str) -> None:
+    """``search.latency_predictor`` exists and was fitted for this supernet's model_dim.
+
+    Raises:
+        SpecError: naming the key, the file and the fix.
+    """
+    path = spec.search.latency_predictor
+    if path is None:
+        return
+    fix = f"write one with `nas latency fit {source} --out {path}`"
+    if not path.is_file():
+        raise SpecError(f"{source}: search.latency_predictor: file not found: {path} (resolved from {Path.cwd()}); "
+                        f"{fix}")
+    from nas.latency import LatencyPredictor
+
+    try:
+        predictor = LatencyPredictor.load(path)
+    except Exception as e:  # a file that is not a predictor: any loader error says so
+        raise SpecError(f"{source}: search.latency_predictor: {path} is not a latency predictor ({e}); {fix}") from None
+    if predictor.model_dim != spec.supernet.model_dim:
+        raise SpecError(f"{source}: search.latency_predictor: {path} was fitted for model_dim {predictor.model_dim}, "
+                        f"but supernet.model_dim is {spec.supernet.model_dim}; {fix}")
+    if (predictor.batch_size, predictor.beam_size) != (1, spec.search.beam_size):
+        raise SpecError(f"{source}: search.latency_predictor: {path} predicts batch size {predictor.batch_size}, "
+                        f"beam {predictor.beam_size}, but trials are timed at batch size 1, beam "
+                        f"{spec.search.beam_size} (search.beam_size); {fix} (its default --batch-size is 1)")
