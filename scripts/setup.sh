@@ -5,4 +5,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[test]"
+# The tests run against the versions the image pins (docker/requirements.txt), not whatever the
+# registry holds today; pip constraints take no extras, so they are stripped first.
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+sed -e 's/\[[^]]*\]//' docker/requirements.txt > "$constraints"
+.venv/bin/python -m pip install -q -c "$constraints" -e ".[test]"
