@@ -31,11 +31,11 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _load(file: Path, check_files: bool = True):
+def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None):
     from nas.space.spec import SpecError, load_spec
 
     try:
-        return load_spec(file, check_files=check_files)
+        return load_spec(file, check_files=check_files, check_predictor=check_predictor)
     except SpecError as e:
         _fail(str(e))
 
@@ -127,7 +127,7 @@ def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_fi
 def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet, space and train sections are used."),
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet).")) -> None:
     """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
-    spec = _load(file)
+    spec = _load(file, check_predictor=False)  # the predictor is used by sweeps only
     from nas import tracking
     from nas.search.runner import prepare_sweep_data
     from trainers import train_supernet
@@ -197,8 +197,15 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         if pareto or plot_file is not None:
             constraints: tuple = ()
             if sweep_id:  # the sweep's search.constraints: only feasible trials can be on its front
-                parent = tracking.find_sweep_run(sweep_id, experiment)
-                constraints = tracking.sweep_constraints(parent)
+                try:
+                    parent = tracking.find_sweep_run(sweep_id, experiment)
+                except LookupError:
+                    if not objectives:  # the sweep's objectives are read from its parent run
+                        raise
+                    err.print(f"[yellow]warning:[/yellow] sweep {escape(sweep_id)} has no parent run in "
+                              f"{escape(experiment)}: its search.constraints are not applied to the front")
+                else:
+                    constraints = tracking.sweep_constraints(parent)
             if objectives:
                 objs = tracking.parse_objectives(objectives)
             elif sweep_id:
@@ -418,7 +425,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
                 out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_b<B>.safetensors)."),
                 seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
     """Measure sub-Transformers on this machine, fit a latency predictor and report its held-out RMSE and MAPE."""
-    spec = _load(file)
+    spec = _load(file, check_predictor=False)  # it may name the file this writes
     n_sent = sentences or spec.search.latency_sentences
     if n_sent < batch_size:  # checked before any data is prepared or model loaded
         _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
@@ -472,7 +479,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
 
     if metric not in METRICS:
         _fail(f"--metric {metric!r}: expected one of {' | '.join(METRICS)}")
-    spec = _load(file)
+    spec = _load(file, check_predictor=False)
     from rich.table import Table
 
     from nas import tracking

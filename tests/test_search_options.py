@@ -49,6 +49,19 @@ def test_a_constraint_is_how_far_the_value_is_past_its_bound(expr, value, violat
     assert parse_constraint(expr).violation(value) == pytest.approx(violation)
 
 
+@pytest.mark.parametrize("expr", ["params_m <= 1.2345678", "latency_ms < 1234567", "bleu >= 0.1"])
+def test_a_constraint_key_keeps_the_exact_bound(expr):
+    constraint = parse_constraint(expr)
+    assert parse_constraint(constraint.key) == constraint  # the Pareto plot reads the key back
+
+
+@pytest.mark.parametrize("expr, value, feasible", [
+    ("latency_ms < 30", 30.0, False), ("latency_ms <= 30", 30.0, True), ("bleu > 20", 20.0, False),
+    ("bleu >= 20", 20.0, True), ("latency_ms < 30", 29.99, True)])
+def test_strict_bounds_exclude_the_bound_itself_as_where_filters_do(expr, value, feasible):
+    assert (parse_constraint(expr).violation(value) <= 0) is feasible
+
+
 def test_feasibility_names_the_violated_constraints(multi30k, tmp_path):
     spec = _spec(multi30k, tmp_path, constraints=["latency_ms <= 40", "bleu >= 10"])
     assert feasibility({"latency_ms": 30.0, "bleu": 12.0}, spec) == {"feasible": 1.0}
@@ -123,6 +136,29 @@ def test_reference_points_round_trip_through_optuna_params(yaml_file):
         assert space.from_params(params) == arch
 
 
+def test_a_one_kernel_point_written_as_a_yaml_int_is_its_label():
+    from nas.space.spec import load_spec
+
+    space = SearchSpace.from_spec(load_spec(Path(__file__).parents[1] / "search_spaces" / "prime.yaml", check_files=False))
+    name = "encoder.kernels.0"
+    single = next(label for label in space._labels(name) if label.isdigit())
+    assert space.check_params({name: int(single)}) is None
+    assert space.point_params([{name: int(single)}]) == [{name: single}]
+    assert "is not one of the choices" in space.check_params({name: 4})
+
+
+def test_a_searcher_pickled_before_points_and_constraints_existed_still_suggests(multi30k, tmp_path):
+    import pickle
+
+    searcher = _searcher(_spec(multi30k, tmp_path), tmp_path)
+    state = searcher.__getstate__()
+    del state["points"], state["constraints"]  # a tuner.pkl from an older version
+    old = DurableOptunaSearch.__new__(DurableOptunaSearch)
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    old.sync([])
+    assert OPTUNA_TRIAL_KEY in old.suggest("a")
+
+
 def test_params_of_an_arch_outside_the_space_names_the_choice(multi30k, tmp_path):
     space = SearchSpace.from_spec(_spec(multi30k, tmp_path))
     other = SearchSpace.from_spec(parse_spec(tiny_spec_dict(multi30k, tmp_path, space={"width": {"values": [8, 32]}})))
@@ -193,6 +229,21 @@ def test_a_predictor_for_another_model_dim_is_refused_before_anything_runs(score
     file.write_text(yaml.safe_dump(other))
     with pytest.raises(SpecError, match=r"search.latency_predictor: .* was fitted for model_dim 32, but "
                                         r"supernet.model_dim is 64"):
+        load_spec(file)
+
+
+def test_a_relative_predictor_path_is_made_absolute_and_only_sweeps_require_it(multi30k, tmp_path, monkeypatch):
+    import yaml
+
+    from nas.space.spec import SpecError, load_spec
+
+    monkeypatch.chdir(tmp_path)
+    raw = tiny_spec_dict(multi30k, tmp_path, search={"latency": "predicted", "latency_predictor": "pred/b1.safetensors"})
+    file = tmp_path / "sweep.yaml"
+    file.write_text(yaml.safe_dump(raw))
+    spec = load_spec(file, check_predictor=False)  # what `nas latency fit` loads: the file it will write
+    assert spec.search.latency_predictor == tmp_path / "pred" / "b1.safetensors"  # Ray trials run elsewhere
+    with pytest.raises(SpecError, match=r"search.latency_predictor: file not found: .*b1.safetensors"):
         load_spec(file)
 
 

@@ -439,11 +439,13 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
 def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resumed: bool) -> str:
     """The sweep's parent run: reused (keyed by ``nas.sweep_id``) and reopened, or created."""
     params = {"yaml": record.spec_file, "search.method": spec.search.method, "search.trials": spec.search.trials}
-    if spec.search.constraints:  # read back by the Pareto plot and `nas report`: the front is feasible trials only
-        params[tracking.PARAM_CONSTRAINTS] = "; ".join(c.key for c in spec.search.parsed_constraints())
     if spec.tracking.optuna_storage:
         params["tracking.optuna_storage"] = redact_url(spec.tracking.optuna_storage)
     params = spec.redact(params)
+    if spec.search.constraints:  # read back by the Pareto plot and `nas report`: the front is feasible trials only.
+        # Parsed bounds are numbers, not credentials: logged as they are even when a ${VAR} gave them, since a
+        # redacted bound could not be read back (and a secret that happens to equal "30" would hide the budget).
+        params[tracking.PARAM_CONSTRAINTS] = "; ".join(c.key for c in spec.search.parsed_constraints())
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_ROLE: "sweep", tracking.TAG_SWEEP_ID: record.sweep_id})
     if runs:
         run_id = runs[0].info.run_id

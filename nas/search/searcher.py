@@ -195,6 +195,8 @@ class DurableOptunaSearch(Searcher):
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state.setdefault("points", [])  # a tuner.pkl written before points and constraints existed
+        state.setdefault("constraints", [])
         self.__dict__.update(state)
         self._reset()
 

@@ -32,6 +32,12 @@ def _label(value: Any) -> Any:
     return (",".join(map(str, value)) or "none") if isinstance(value, tuple) else value
 
 
+def _point_value(value: Any, labels: Sequence[Any]) -> Any:
+    """A ``points_to_evaluate`` value as its label: YAML reads a one-kernel set ``3`` as an int, whose label is
+    the string ``"3"``."""
+    return str(value) if isinstance(value, int) and value not in labels and str(value) in labels else value
+
+
 def _dimension(name: str) -> str:
     """The dimension of an Optuna parameter name: ``encoder.width.3`` -> ``width``, ``model_width`` -> itself."""
     parts = name.split(".")
@@ -243,7 +249,7 @@ class SearchSpace:
                 return (f"{name}: not a parameter of this space; parameters look like encoder.layers, "
                         f"encoder.width.0 (per layer) or decoder.branches (per stack)")
             labels = [_label(v) for v in values]
-            if value not in labels:
+            if _point_value(value, labels) not in labels:
                 return f"{name}: {value!r} is not one of the choices {labels}"
         return None
 
@@ -252,7 +258,15 @@ class SearchSpace:
         the full parameters of that reference sub-Transformer, a mapping is kept as it is (validate it with
         :meth:`check_params`)."""
         refs = {"widest": self.widest, "narrowest": self.narrowest, "middle": self.middle}
-        return [self.params_of(refs[p]()) if isinstance(p, str) else dict(p) for p in points]
+        return [self.params_of(refs[p]()) if isinstance(p, str)
+                else {name: _point_value(v, self._labels(name)) for name, v in p.items()} for p in points]
+
+    def _labels(self, name: str) -> list[Any]:
+        """The Optuna labels of parameter ``name`` (``encoder.kernels.0`` -> ``["3", "3,15", ...]``)."""
+        dim = _dimension(name)
+        values = self.model_widths if name == "model_width" else (
+            self.layers[name.split(".")[0]] if dim == "layers" else self.dims.get(dim, ()))
+        return [_label(v) for v in values]
 
     def _layer_count(self) -> int:
         """Distinct choices of one layer from its per-layer dimensions (exact with conditions)."""

@@ -10,6 +10,7 @@ import collections
 import difflib
 import gzip
 import io
+import math
 import os
 import re
 import typing
@@ -320,12 +321,15 @@ class Constraint(typing.NamedTuple):
     @property
     def key(self) -> str:
         """The name Optuna stores it under (``trial.set_constraint(key, ...)``), e.g. ``latency_ms<=40``."""
-        return f"{self.metric}{self.op}{self.bound:g}"
+        short = f"{self.bound:g}"  # "latency_ms<=40"; repr where :g would round (the key is parsed back)
+        return f"{self.metric}{self.op}{short if float(short) == self.bound else repr(self.bound)}"
 
     def violation(self, value: float) -> float:
-        """Optuna's constraint value: ``<= 0`` when ``value`` satisfies the bound (strict and non-strict
-        bounds are treated alike), else how far it is off, in the metric's units."""
-        return value - self.bound if self.op in ("<=", "<") else self.bound - value
+        """Optuna's constraint value: ``<= 0`` when ``value`` satisfies the bound, else how far it is off,
+        in the metric's units. A strict bound (``<``, ``>``) that ``value`` meets exactly is off by the
+        smallest float step, so ``latency_ms < 30`` means the same here as in ``--where``."""
+        gap = value - self.bound if self.op in ("<=", "<") else self.bound - value
+        return math.nextafter(0.0, 1.0) if gap == 0 and self.op in ("<", ">") else gap
 
 
 def parse_constraint(expr: str) -> Constraint:
@@ -417,10 +421,16 @@ class SearchSpec(_Strict):
     """Where a trial's ``latency_ms`` comes from: timed on the trial's device (batch size 1, beam search,
     ``latency_sentences``), or the ``latency_predictor`` (no timing; the predictor's device counts)."""
     latency_predictor: Path | None = None
-    """A predictor written by ``nas latency fit`` (``.pt``). With ``latency: measured`` it is evaluated as
+    """A predictor written by ``nas latency fit`` (``.safetensors``; a relative path is made absolute against the
+    working folder when the YAML is loaded, as Ray trials run in folders of their own; it must be readable on every node). With ``latency: measured`` it is evaluated as
     well (metric ``latency_pred_ms``), and a prediction more than 20% off the measurement is warned about."""
     finetune: FinetuneSpec | None = None
     """Optional ASHA fine-tune stage after the search (see :class:`FinetuneSpec`)."""
+
+    @field_validator("latency_predictor")
+    @classmethod
+    def _absolute_predictor(cls, path: Path | None) -> Path | None:
+        return None if path is None else path.expanduser().absolute()
 
     @field_validator("constraints")
     @classmethod
@@ -887,7 +897,7 @@ def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: set[str], source: str)
     return _ENV_REF.sub(value, raw)
 
 
-def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
+def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None) -> SweepSpec:
     """Read and validate a sweep YAML; nothing is started or written.
 
     String values may reference environment variables as ``${VAR}``; the substituted values are kept on the
@@ -898,8 +908,9 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
             set, an unknown key
             (with a suggestion), a duplicated key, a wrong type, an impossible space, or
             (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
-            or empty, or source and target files of a split with different line counts; each names
-            the key path.
+            or empty, or source and target files of a split with different line counts; or
+            (``check_predictor``, default ``check_files``) a ``search.latency_predictor`` that is missing or
+            fitted for another model_dim, batch size or beam; each names the key path.
     """
     path = Path(path)
     try:
@@ -921,6 +932,7 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> SweepSpec:
     _check_points(spec, str(path))
     if check_files:
         _check_data_files(spec, str(path))
+    if check_files if check_predictor is None else check_predictor:
         _check_latency_predictor(spec, str(path))
     return spec
 
@@ -952,7 +964,7 @@ def _check_latency_predictor(spec: "SweepSpec", source: str) -> None:
         return
     fix = f"write one with `nas latency fit {source} --out {path}`"
     if not path.is_file():
-        raise SpecError(f"{source}: search.latency_predictor: file not found: {path} (resolved from {Path.cwd()}); "
+        raise SpecError(f"{source}: search.latency_predictor: file not found: {path}; "
                         f"{fix}")
     from nas.latency import LatencyPredictor
 
