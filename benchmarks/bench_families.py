@@ -20,13 +20,13 @@ import argparse
 import random
 import statistics
 import time
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
 
 from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion, path_ffn
 from nas.model.supernet import extract
+from nas.precision import autocast_for, resolve_precision
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
 from trainers import build_supernet
@@ -75,12 +75,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    parser.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                        help="auto: bf16 where this CPU has it natively, else fp32")
     parser.add_argument("--archs", type=int, default=3, help="random unified.yaml archs for the extract comparison")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else nullcontext()
+    args.precision = resolve_precision(args.precision, "cpu")
+    autocast = autocast_for(args.precision, "cpu")
     print(f"{args.threads} threads, {args.precision}; medians of {args.rounds} interleaved rounds x {args.reps} reps")
     print(f"{'comparison (A vs B)':<62}{'A':>12}{'B':>12}{'A/B':>8}")
 

@@ -19,7 +19,6 @@ import math
 import random
 import statistics
 import time
-from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -28,6 +27,7 @@ from nas.data import TokenBatcher
 from nas.model.layers import sinusoidal_positions
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
+from nas.precision import autocast_for, resolve_precision
 from nas.search.runner import prepare_sweep_data
 from nas.search.trials import score_arch
 from nas.space.arch import Arch, StackArch
@@ -91,7 +91,8 @@ def main() -> None:
                     widest.encoder.ffn_width[0], sn.dropout).train()
     src, tgt = data.load_split("train")
     batches = list(TokenBatcher(src, tgt, tr.max_tokens, seed=0).batches(0))[: args.steps]
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
+    precision = resolve_precision(tr.precision, "cpu")  # auto: fp32 where bf16 would be emulated
+    autocast = autocast_for(precision, "cpu")
     rng = random.Random(0)
     one_branch = Arch(*(StackArch(st.width, st.ffn_width, (1,) * st.layers) for st in (widest.encoder, widest.decoder)))
     runs = {
@@ -106,7 +107,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in runs}
     ntok = sum(b.ntokens for b in batches)
     print(f"{spec.name}: C={sn.model_dim}, widest {widest.summary()}, {len(batches)} batches of <= {tr.max_tokens} "
-          f"tokens, {tr.precision}, {torch.get_num_threads()} threads")
+          f"tokens, {precision}, {torch.get_num_threads()} threads")
     for name, (model, archs) in runs.items():  # warm-up
         _step(model, optimizers[name], batches[0], archs(), autocast, tr.label_smoothing)
     for _ in range(args.rounds):

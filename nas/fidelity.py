@@ -35,7 +35,6 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import count
 from pathlib import Path
@@ -48,6 +47,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_bytes, atomic_write_text, load_model
+from nas.precision import autocast_for, resolve_precision
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
@@ -281,7 +281,7 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
                                                   else lambda step: 1.0)
     train_src, train_tgt = data.load_split("train")
     groups = _batch_groups(TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed), tr.accumulate)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if tr.precision == "bf16" else nullcontext()
+    autocast = autocast_for(resolve_precision(tr.precision, device), device)
     losses: list[float] = []
     t0 = time.perf_counter()
     for step in range(1, steps + 1):

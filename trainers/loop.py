@@ -24,7 +24,7 @@ import os
 import random
 import sys
 import time
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, save_model
+from nas.precision import autocast_for, resolve_precision
 from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
@@ -185,8 +186,9 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                                      "sampler_rng": rng.getstate(), "state": state})
 
     widest, narrowest = space.widest(), space.narrowest()
-    bf16 = tr.precision == "bf16"
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    precision = resolve_precision(tr.precision, device)  # auto: bf16 only where the device has it natively
+    bf16 = precision == "bf16"
+    autocast = autocast_for(precision, device)
     show = (sys.stderr.isatty() if progress is None else progress) and main
     emit = report or (lambda _metrics: None)
     model.train()

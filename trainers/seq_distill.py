@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nas.data import EOS_ID, PAD_ID
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
+from nas.precision import autocast_for
 from nas.space.arch import Arch
 from nas.space.spec import SeqDistillStage
 
@@ -82,7 +82,7 @@ def write_distill_targets(model: SuperTransformer, widest: Arch, src_ids: list[l
         folder: where the parts go (created); parts already there are kept and skipped.
         stage: beam size, length penalty, filters and budget (sec. 4.1).
         rank, world: this worker's rank and the number of data-parallel workers.
-        bf16: run the beam search under bf16 autocast (CPU).
+        bf16: run the beam search under bf16 autocast (on the model's device).
         progress: show a progress bar (default: when stderr is a terminal).
     Returns:
         ``folder``.
@@ -93,7 +93,7 @@ def write_distill_targets(model: SuperTransformer, widest: Arch, src_ids: list[l
     parts = [p for p in range((n + PART_SIZE - 1) // PART_SIZE) if p % world == rank]
     todo = [p for p in parts if not _part_path(folder, p).is_file()]
     show = sys.stderr.isatty() if progress is None else progress
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+    autocast = autocast_for("bf16" if bf16 else "fp32", next(model.parameters()).device)
     was_training = model.training
     model.eval()
     total = sum(min(PART_SIZE, n - p * PART_SIZE) for p in todo)

@@ -247,8 +247,10 @@ class TrainSpec(_Strict):
     log_every: int = Field(50, ge=1)
     keep_last: int = Field(5, ge=0)
     """Model snapshots kept (one per checkpoint, newest first) for ``nas average``; 0 keeps none."""
-    precision: Literal["bf16", "fp32"] = "bf16"
-    """Autocast dtype for training (bf16 is 1.75-2x faster on AMX CPUs with the same loss curve)."""
+    precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Autocast dtype for training. ``auto``: bf16 where the device computes it natively (CUDA GPUs from
+    Ampere on, CPUs with AVX512-BF16 or AMX: 1.75-2x faster with the same loss curve), else fp32, since
+    emulated bf16 is tens of times slower (:mod:`nas.precision`)."""
     threads: int | None = Field(None, ge=1)
     """torch threads for standalone training (None: torch's default); Ray trials use resources.cpu."""
     seed: int = 0

@@ -1,0 +1,87 @@
+"""Training precision: bf16 autocast where the device computes bf16 natively, fp32 elsewhere.
+
+bf16 halves activation memory and, on CUDA GPUs from Ampere on and on CPUs with AVX512-BF16 or AMX,
+speeds up training with the same loss curve. On other CPUs PyTorch emulates bf16 matrix products:
+on an AVX2-only AMD EPYC (this project's CI machines) a 2048x512 @ 512x2048 forward and backward took
+9 s in bf16 against 0.18 s in fp32 (``python -m nas.precision`` prints both). ``train.precision: auto``
+(the default) therefore picks bf16 only where it is native.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+
+__all__ = ["bf16_native", "resolve_precision", "autocast_for"]
+
+
+def bf16_native(device: str | torch.device) -> bool:
+    """Whether ``device`` computes bf16 matrix products natively (not emulated).
+
+    CUDA: ``torch.cuda.is_bf16_supported()`` (compute capability 8.0 or later). CPU: AVX512-BF16 or AMX
+    tiles, or oneDNN's own bf16 check (AVX512 BW/VL/DQ); an AVX2-only CPU answers False.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    checks = (lambda: torch.cpu._is_avx512_bf16_supported(), lambda: torch.cpu._is_amx_tile_supported(),
+              lambda: torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    for check in checks:  # private helpers: a torch without one of them just skips it
+        try:
+            if check():
+                return True
+        except (AttributeError, RuntimeError):
+            continue
+    return False
+
+
+def resolve_precision(precision: str, device: str | torch.device) -> str:
+    """``train.precision`` (``auto``, ``bf16`` or ``fp32``) as the precision actually used on ``device``.
+
+    ``auto`` is ``bf16`` where :func:`bf16_native`, else ``fp32``. An explicit ``bf16`` is kept, with a
+    ``UserWarning`` when the device would emulate it.
+
+    Raises:
+        ValueError: an unknown precision (names it and the choices).
+    """
+    if precision not in ("auto", "bf16", "fp32"):
+        raise ValueError(f"train.precision {precision!r}: expected auto, bf16 or fp32")
+    native = bf16_native(device)
+    if precision == "auto":
+        return "bf16" if native else "fp32"
+    if precision == "bf16" and not native:
+        warnings.warn(f"train.precision: bf16 on {torch.device(device)} is emulated on this machine (no AVX512-BF16, "
+                      f"AMX or bf16 GPU) and can be tens of times slower than fp32; set train.precision: auto or fp32",
+                      stacklevel=2)
+    return precision
+
+
+def autocast_for(precision: str, device: str | torch.device) -> AbstractContextManager:
+    """The autocast context for a resolved precision: bf16 autocast on ``device``'s type, or a no-op for fp32."""
+    if precision == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _main() -> None:  # python -m nas.precision: what `auto` picks here, and why
+    x = torch.randn(2048, 512, requires_grad=True)
+    w = torch.randn(512, 2048, requires_grad=True)
+    for precision in ("fp32", "bf16"):
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            with autocast_for(precision, "cpu"):
+                y = (x @ w).relu().sum()
+            y.backward()
+            times.append(time.perf_counter() - start)
+        print(f"cpu {precision}: {min(times) * 1e3:.1f} ms (2048x512 @ 512x2048, forward + backward)")
+    print(f"bf16 native on cpu: {bf16_native('cpu')}; train.precision: auto -> {resolve_precision('auto', 'cpu')}")
+
+
+if __name__ == "__main__":
+    _main()

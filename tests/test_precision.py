@@ -1,0 +1,54 @@
+"""train.precision: auto picks bf16 only where the device computes it natively (nas.precision)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from nas import precision as P
+
+
+@pytest.mark.parametrize("native, expected", [(True, "bf16"), (False, "fp32")])
+def test_auto_is_bf16_only_where_the_device_has_it_natively(monkeypatch, native, expected):
+    monkeypatch.setattr(P, "bf16_native", lambda device: native)
+    assert P.resolve_precision("auto", "cpu") == expected
+
+
+def test_an_explicit_bf16_on_an_emulating_device_is_kept_with_a_warning(monkeypatch):
+    monkeypatch.setattr(P, "bf16_native", lambda device: False)
+    with pytest.warns(UserWarning, match=r"bf16 on cpu is emulated .* set train.precision: auto or fp32"):
+        assert P.resolve_precision("bf16", "cpu") == "bf16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert P.resolve_precision("fp32", "cpu") == "fp32"
+
+
+def test_an_unknown_precision_names_the_choices():
+    with pytest.raises(ValueError, match=r"train.precision 'fp16': expected auto, bf16 or fp32"):
+        P.resolve_precision("fp16", "cpu")
+
+
+def test_the_cpu_answer_agrees_with_the_cpu_s_own_bf16_flags():
+    flags = set(open("/proc/cpuinfo").read().split()) if __import__("os").path.exists("/proc/cpuinfo") else None
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
+    if "avx512f" not in flags and "amx_tile" not in flags:
+        assert P.bf16_native("cpu") is False  # AVX2-only: bf16 would be emulated
+    if "avx512_bf16" in flags or "amx_tile" in flags:
+        assert P.bf16_native("cpu") is True
+
+
+def test_autocast_for_runs_matmuls_in_the_chosen_dtype():
+    x = torch.randn(4, 8)
+    with P.autocast_for("bf16", "cpu"):
+        assert (x @ x.T).dtype == torch.bfloat16
+    with P.autocast_for("fp32", "cpu"):
+        assert (x @ x.T).dtype == torch.float32
+
+
+def test_the_default_train_precision_is_auto():
+    from nas.space.spec import TrainSpec
+
+    assert TrainSpec().precision == "auto"
