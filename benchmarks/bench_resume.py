@@ -3,10 +3,16 @@
     python benchmarks/bench_resume.py [--trials 12] [--kills 5] [--seed 0] [--work DIR]
 
 A tiny sweep (C=32 supernet, 300 Multi30k pairs, 24 validation sentences) runs as `nas sweep FILE` in a
-subprocess. The driver gets SIGKILL at ``--kills`` random moments (uniform in [--min-s, --max-s] seconds
-after each start: during start-up, data preparation, supernet training or the search) and is started
-again each time with the same command; the last run goes to the end. Ray processes that the killed
-driver leaves behind (its process group) are killed too, as a dead machine would lose them.
+subprocess. The driver gets SIGKILL ``--kills`` times and is started again each time with the same command;
+the last run goes to the end. Ray processes that the killed driver leaves behind (its process group) are
+killed too, as a dead machine would lose them. Each kill lands at a random moment:
+
+- with probability ``--startup-share``, a random time in [--min-s, --max-s] seconds after the start
+  (start-up, data preparation, Ray start-up);
+- otherwise at a random point of the sweep's own progress (read from the driver's output), half of them
+  drawn uniformly over the supernet training steps and half over the trials (before the last one
+  completes), the points taken in ascending order, plus up to half a second. Progress points, not seconds: a sweep on a fast machine would
+  otherwise finish before its kills.
 
 Prints: where each kill landed, then trials completed, duplicated and lost in Optuna, Ray Tune and
 MLflow, the MLflow run states and the Optuna trial states. Goal: all trials completed, 0 duplicated,
@@ -19,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +33,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
@@ -89,16 +97,53 @@ def kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_once(cmd: list[str], env: dict, cwd: Path, log: Path, kill_after_s: float | None) -> tuple[int | None, str]:
+def progress(log: str, train_steps: int, done_before: int) -> int:
+    """The sweep's progress in this run's output: supernet steps (0..train_steps), then train_steps + trials done."""
+    if "searching:" in log or "reusing the trained" in log:
+        return train_steps + done_before + len(re.findall(r"^trial \d+ done:", log, re.M))
+    return max((int(m) for m in re.findall(r"\bstep (\d+)/\d+\b", log)), default=0)
+
+
+def run_once(cmd: list[str], env: dict, cwd: Path, log: Path, kill: Callable[[str, float], bool] | None
+             ) -> tuple[int | None, str]:
+    """Run the driver; SIGKILL it (and its process group) as soon as ``kill(output, seconds)`` says so."""
+    t0 = time.monotonic()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout=kill_after_s)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            return None, log.read_text()
+        while proc.poll() is None:
+            if kill is not None and kill(log.read_text(errors="replace"), time.monotonic() - t0):
+                kill_group(proc)
+                return None, log.read_text(errors="replace")
+            time.sleep(0.1)
         kill_group(proc)  # the driver exited: clean up its group anyway
-    return proc.returncode, log.read_text()
+    return proc.returncode, log.read_text(errors="replace")
+
+
+def kill_plan(rng: random.Random, args: argparse.Namespace) -> list[tuple[str, float]]:
+    """The kills, in order: ("time", seconds after the start) or ("progress", point), progress points ascending
+    (half of them drawn in supernet training, half in the search); time kills keep their drawn place."""
+    end = args.train_steps + args.trials - 1  # the last trial still to run when the kill lands
+    kinds = ["time" if rng.random() < args.startup_share else "progress" for _ in range(args.kills)]
+    points = sorted(rng.randint(1, args.train_steps) if rng.random() < 0.5 else rng.randint(args.train_steps + 1, end)
+                    for kind in kinds if kind == "progress")
+    return [("time", rng.uniform(args.min_s, args.max_s)) if kind == "time" else ("progress", points.pop(0))
+            for kind in kinds]
+
+
+def kill_predicate(kind: str, value: float, jitter: float, train_steps: int, done_before: int
+                   ) -> tuple[str, Callable[[str, float], bool]]:
+    """(description, predicate on (driver output, seconds since its start)) of one planned kill."""
+    if kind == "time":
+        return f"at {value:4.1f} s", lambda out, secs: secs >= value
+    where = f"supernet step {value}" if value <= train_steps else f"{value - train_steps} trials done"
+    state = {"hit": None}
+
+    def due(out: str, secs: float) -> bool:
+        if state["hit"] is None and progress(out, train_steps, done_before) >= value:
+            state["hit"] = secs
+        return state["hit"] is not None and secs >= state["hit"] + jitter
+
+    return f"at {where} + {jitter:.2f} s", due
 
 
 def main() -> None:
@@ -106,9 +151,11 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--kills", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--min-s", type=float, default=5.0)
-    ap.add_argument("--max-s", type=float, default=45.0)
-    ap.add_argument("--train-steps", type=int, default=24)
+    ap.add_argument("--min-s", type=float, default=1.0, help="Earliest start-up kill (s after the start).")
+    ap.add_argument("--max-s", type=float, default=8.0, help="Latest start-up kill (s after the start).")
+    ap.add_argument("--startup-share", type=float, default=0.2,
+                    help="Share of kills at a start-up time instead of a progress point.")
+    ap.add_argument("--train-steps", type=int, default=48)
     ap.add_argument("--work", type=Path, default=None, help="Folder to work in (default: a new temporary one).")
     args = ap.parse_args()
     work = (args.work or Path(tempfile.mkdtemp(prefix="bench_resume_"))).resolve()
@@ -120,20 +167,23 @@ def main() -> None:
     rng = random.Random(args.seed)
     t0 = time.monotonic()
     print(f"work folder {work}; {args.trials} trials, {args.kills} SIGKILLs at random moments")
-    kills = 0
-    attempt = 0
+    plan = kill_plan(rng, args)
+    kills = attempt = 0
     while True:
         attempt += 1
-        delay = rng.uniform(args.min_s, args.max_s) if kills < args.kills else None
-        rc, log = run_once(cmd, env, work, work / f"driver_{attempt}.log", delay)
+        done_before = completed(spec_file)
+        what, due = "", None
+        if kills < args.kills:
+            what, due = kill_predicate(*plan[kills], rng.uniform(0.0, 0.5), args.train_steps, done_before)
+        rc, log = run_once(cmd, env, work, work / f"driver_{attempt}.log", due)
         if rc is None:
             kills += 1
-            print(f"  kill {kills}: SIGKILL after {delay:5.1f} s, during {phase(log)}; "
+            print(f"  kill {kills}: SIGKILL {what}, during {phase(log)}; "
                   f"{completed(spec_file)}/{args.trials} trials complete in Optuna", flush=True)
             continue
         if kills < args.kills:
-            print(f"  run {attempt} ended (exit code {rc}) before its kill, after {kills} kill(s); lower --max-s "
-                  f"or raise --trials; see {work}/driver_{attempt}.log")
+            print(f"  run {attempt} ended (exit code {rc}) before its kill ({what}), after {kills} kill(s); "
+                  f"see {work}/driver_{attempt}.log")
             if rc != 0:
                 print(log[-3000:])
             break

@@ -17,6 +17,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+# The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
+# only cluttered the tables that leaderboard, report and export print.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
 app.add_typer(space_app, name="space")
@@ -297,7 +301,6 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX, and an MLflow model)."""
     if register is not None and not register.strip():
         _fail("--register needs a model name, e.g. --register quickstart-en-de")
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from nas import tracking
     from nas.export import export_arch
     from nas.space.arch import Arch
@@ -460,7 +463,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
               f"beam {spec.search.beam_size}")
     out.print(f"held-out RMSE {metrics['rmse_ms']:.2f} ms, MAPE {metrics['mape']:.1f}% "
-              f"({metrics['holdout_samples']} of {len(measured)} held out); predictor: {target}")
+              f"({int(metrics['holdout_samples'])} of {len(measured)} held out); predictor: {target}")
 
 
 @app.command()

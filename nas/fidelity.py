@@ -435,6 +435,12 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
                                                     "standalone": standalone, "settings": settings}, indent=2))
             rows.append({**row, "inherited": inherited, "standalone": standalone})
             bar.update(arch_task, advance=1)
+            if not show:  # a log file gets one line per arch instead of the bars
+                print(f"fidelity {len(rows)}/{len(archs)} {row['arch_summary']} ({row['params_m']:.2f} M): "
+                      f"inherited BLEU {inherited['bleu']:.2f} loss {inherited['valid_loss']:.3f}, standalone BLEU "
+                      f"{standalone['bleu']:.2f} loss {standalone['valid_loss']:.3f}"
+                      f" ({standalone.get('train_seconds', 0.0):.0f} s of training{'' if dirty else ', stored'})",
+                      file=sys.stderr, flush=True)
     correlation = rank_correlation([r["inherited"][metric] for r in rows], [r["standalone"][metric] for r in rows])
     result = FidelityResult(rows=rows, correlation=correlation, metric=metric, k=k, steps=steps, seed=seed,
                             out_dir=out_dir, supernet_dir=folder, trained=trained,

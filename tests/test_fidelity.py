@@ -129,6 +129,7 @@ def test_fidelity_cli_reports_logs_to_mlflow_and_reuses_trained_archs(multi30k, 
     assert first.exit_code == 0, first.output
     text = " ".join(first.output.split())
     assert "Kendall tau" in text and "Spearman rho" in text and "3 trained now" in text
+    assert "fidelity 1/3 " in text and "fidelity 3/3 " in text and "stored)" not in text  # one line per arch
 
     summary = json.loads((out / "fidelity.json").read_text())
     assert summary["k"] == 3 and summary["steps"] == 3 and summary["metric"] == "valid_loss"
@@ -157,6 +158,7 @@ def test_fidelity_cli_reports_logs_to_mlflow_and_reuses_trained_archs(multi30k, 
     second = CliRunner().invoke(app, args)
     assert second.exit_code == 0, second.output
     assert "0 trained now" in " ".join(second.output.split())
+    assert " ".join(second.output.split()).count("s of training, stored)") == 3
     assert {f: f.stat().st_mtime_ns for f in files} == mtimes  # read back, not retrained or rewritten
     again = json.loads((out / "fidelity.json").read_text())
     assert again["archs"] == summary["archs"]
