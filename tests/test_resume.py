@@ -86,7 +86,14 @@ def test_sweep_killed_after_a_trial_resumes_without_duplicates_or_redone_trials(
 
     resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)  # no FILE: the saved copy
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
-    assert "(resumed)" in resumed.stdout and "marked" in resumed.stderr  # stale RUNNING runs were ended
+    assert "(resumed)" in resumed.stdout
+    # runs the killed driver left RUNNING (the parent run goes on): ended as KILLED on resume. A kill between two
+    # trials can leave only the parent RUNNING, and then there is nothing to mark.
+    stale = [r for r in before.runs if r.info.status == "RUNNING" and r.data.tags.get("nas.role") != "sweep"]
+    if stale:
+        assert f"marked {len(stale)} MLflow run(s) left RUNNING" in resumed.stderr, resumed.stderr[-3000:]
+    else:
+        assert "marked" not in resumed.stderr, resumed.stderr[-3000:]
 
     after = read_sweep(spec_file, env)
     assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
