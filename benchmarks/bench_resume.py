@@ -11,8 +11,8 @@ killed too, as a dead machine would lose them. Each kill lands at a random momen
   (start-up, data preparation, Ray start-up);
 - otherwise at a random point of the sweep's own progress (read from the driver's output), half of them
   drawn uniformly over the supernet training steps and half over the trials (before the last one
-  completes), the points taken in ascending order, plus up to half a second. Progress points, not seconds: a sweep on a fast machine would
-  otherwise finish before its kills.
+  completes), the points taken in ascending order, plus up to half a second. Progress points, not
+  seconds: a sweep on a fast machine would otherwise finish before its kills.
 
 Prints: where each kill landed, then trials completed, duplicated and lost in Optuna, Ray Tune and
 MLflow, the MLflow run states and the Optuna trial states. Goal: all trials completed, 0 duplicated,
