@@ -57,6 +57,20 @@ def test_resume_from_checkpoint_matches_an_uninterrupted_run(prepared, tmp_path)
         assert torch.allclose(pa, pb, atol=1e-6), name
 
 
+def test_resuming_in_another_precision_warns_and_records_the_new_one(prepared, tmp_path):
+    import warnings
+
+    raw, data = prepared
+    train_supernet(_spec(raw, steps=2, precision="fp32"), data, tmp_path, progress=False)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["state"]["precision"] == "fp32"
+    with warnings.catch_warnings():  # the same precision again: no word about it
+        warnings.simplefilter("error", UserWarning)
+        train_supernet(_spec(raw, steps=3, precision="fp32"), data, tmp_path, progress=False)
+    with pytest.warns(UserWarning, match=r"checkpoint .* trained steps 1-3 in fp32; training goes on in bf16"):
+        train_supernet(_spec(raw, steps=4, precision="bf16"), data, tmp_path, progress=False)
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["state"]["precision"] == "bf16"
+
+
 def test_a_finished_run_is_not_trained_again(prepared, tmp_path):
     raw, data = prepared
     first = train_supernet(_spec(raw, steps=4), data, tmp_path, progress=False)

@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +188,13 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
 
     widest, narrowest = space.widest(), space.narrowest()
     precision = resolve_precision(tr.precision, device)  # auto: bf16 only where the device has it natively
+    before = state.get("precision")  # absent in checkpoints written before precision was recorded
+    if main and before is not None and before != precision and state["step"] < tr.steps:
+        warnings.warn(f"train.precision: {tr.precision} is {precision} on {torch.device(device)}, but the checkpoint "
+                      f"{ckpt_path} trained steps 1-{state['step']} in {before}; training goes on in {precision} "
+                      f"(weights stay fp32, but the run is no longer bit-for-bit reproducible; set "
+                      f"train.precision: {before} to keep {before})", stacklevel=2)
+    state["precision"] = precision
     bf16 = precision == "bf16"
     autocast = autocast_for(precision, device)
     show = (sys.stderr.isatty() if progress is None else progress) and main
