@@ -1,0 +1,22 @@
+"""The one family of errors that means "bad user input".
+
+The CLI turns a :class:`NasError` into one line on stderr and exit status 2; every other
+exception is a bug and keeps its traceback (exit status 1). Raise a subclass of
+:class:`NasError` where a value the user gave (a YAML key, a file, a flag) is wrong, and name
+that value and what would fix it in the message (STYLE habit 9).
+
+This module imports nothing from ``nas``: every layer may raise these.
+"""
+
+from __future__ import annotations
+
+__all__ = ["NasError"]
+
+
+class NasError(ValueError):
+    """Bad user input: a YAML key, a data file, a flag, a backend address or a stored run.
+
+    Subclasses ``ValueError`` so that code catching ``ValueError`` for a bad value keeps working;
+    the CLI catches :class:`NasError` only, so a plain ``ValueError`` raised by a bug is reported
+    as a bug (traceback, exit 1), not as bad input.
+    """
