@@ -28,11 +28,11 @@ from nas.data import EOS_ID, PAD_ID
 from nas.model.decode import IncrementalDecoder
 from nas.model.layers import sinusoidal_positions
 from nas.model.supernet import SuperTransformer, extract
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
-from trainers import build_supernet
+from nas.builders import build_supernet
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ from nas.model.supernet import extract
 from nas.precision import autocast_for, resolve_precision
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
-from trainers import build_supernet
+from nas.builders import build_supernet
 
 
 def _time(fn: Callable[[], None], reps: int) -> float:

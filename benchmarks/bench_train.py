@@ -28,12 +28,13 @@ from nas.model.layers import sinusoidal_positions
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
 from nas.precision import autocast_for, resolve_precision
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.search.trials import score_arch
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
 from nas.space.spec import load_spec
-from trainers import build_supernet, check_fingerprint, supernet_fingerprint
+from nas.builders import build_supernet
+from trainers import check_fingerprint, supernet_fingerprint
 
 
 class Reference(nn.Module):

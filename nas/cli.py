@@ -133,7 +133,7 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
     """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
     spec = _load(file, check_predictor=False)  # the predictor is used by sweeps only
     from nas import tracking
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from trainers import train_supernet
 
     data = prepare_sweep_data(spec)
@@ -394,7 +394,7 @@ def space_show(file: Path) -> None:
 
     from nas.model.supernet import count_params, extract
     from nas.space.space import SearchSpace, format_count
-    from trainers import build_supernet
+    from nas.builders import build_supernet
 
     space = SearchSpace.from_spec(spec)
     table = Table(title=f"{spec.name}: search space")
@@ -436,7 +436,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     from nas.evaluate import _encode_src
     from nas.latency import LatencyPredictor, collect_samples
     from nas.model.io import atomic_write_text, load_model
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from nas.space.space import SearchSpace
 
     supernet_dir = spec.run_dir / "supernet"
@@ -488,7 +488,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
     from nas import tracking
     from nas.data import DataError
     from nas.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
 
     try:
         check_supernet(spec, file)

@@ -110,7 +110,7 @@ def tiny_supernet(multi30k, tmp_path_factory) -> tuple[Path, Path]:
     """A supernet of :func:`tiny_spec_dict` trained once per session, without Ray: (supernet folder, data
     cache folder). Copy the folder to ``<workdir>/tiny/supernet`` and point ``data.cache_dir`` at the cache
     folder, and a sweep reuses both instead of training."""
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from nas.space.spec import parse_spec
     from trainers import train_supernet
 

@@ -37,10 +37,10 @@ def _params_bound(raw: dict) -> float:
     """A ``params_m`` bound halfway between the tiny space's narrowest and widest sub-Transformers (millions;
     parameter counts do not depend on training, only on the sizes and the tokenizer's vocabulary)."""
     from nas.model.supernet import count_params, extract
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from nas.space.space import SearchSpace
     from nas.space.spec import parse_spec
-    from trainers import build_supernet
+    from nas.builders import build_supernet
 
     spec = parse_spec(raw)
     model = build_supernet(spec, prepare_sweep_data(spec, progress=False).vocab_size)  # the sweep reuses the data cache

@@ -2,7 +2,7 @@
 error, in Optuna (FAIL), Ray Tune (ERROR) and MLflow (FAILED + nas.error), and the sweep goes on; a sweep
 whose every trial failed exits 1 with the errors; ``search.max_failures`` retries a trial.
 
-Faults come from the test-only hook ``NAS_TEST_FAULT`` read in :func:`nas.search.trials.score_trial`;
+Faults come from the test-only hook ``NAS_TEST_FAULT`` armed through :mod:`nas.faults` (the point ``score_trial``);
 Ray Tune, Optuna and MLflow are the real ones. The supernet is trained once per session.
 """
 

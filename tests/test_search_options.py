@@ -174,7 +174,7 @@ def scored(multi30k, tiny_supernet, tmp_path_factory):
     """The tiny supernet, its data, an arch, and a predictor fitted on latencies of minutes (far above the real ones)."""
     from nas.latency import LatencyPredictor
     from nas.model.io import load_model
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
 
     work = tmp_path_factory.mktemp("latency")
     supernet_dir, cache = tiny_supernet

@@ -34,6 +34,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from nas.builders import build_supernet, supernet_config
 from nas.data import Batch, PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, save_model
@@ -49,7 +50,7 @@ from trainers.distill import (STAGE_NUMBERS, StagePosition, check_width_dropout,
 from trainers.proximal import load_proximal_source, proximal_initialize
 from trainers.seq_distill import DISTILL_DIR, load_distill_targets, write_distill_targets
 
-__all__ = ["train_supernet", "TrainResult", "build_supernet", "inverse_sqrt_lr", "supernet_fingerprint",
+__all__ = ["train_supernet", "TrainResult", "inverse_sqrt_lr", "supernet_fingerprint",
            "check_fingerprint", "drop_branch_at"]
 
 Report = Callable[[dict[str, float]], None]
@@ -64,21 +65,6 @@ class TrainResult:
     steps: int
     metrics: dict[str, float]
     """Final metrics: ``widest_bleu``, ``widest_chrf``, ``widest_valid_loss``, ``train_loss``, ``train_seconds``."""
-
-
-def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
-    """The sweep's supernet constructor arguments, JSON-ready (what ``SuperTransformer.config()`` returns)."""
-    sn = spec.supernet
-    maxima = SearchSpace.from_spec(spec).supernet_maxima(spec)
-    return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, max_arch=maxima.to_dict(),
-                dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
-                max_positions=sn.max_positions, pad_id=0, more_features=sn.more_features,
-                unit_bias_rate=spec.train.unit_bias_rate, io_projection=spec.io_projection)
-
-
-def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
-    """The supernet of a sweep: maxima from ``spec.supernet`` and the space."""
-    return SuperTransformer.from_config(supernet_config(spec, vocab_size))
 
 
 def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:

@@ -54,6 +54,7 @@ from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import OPTUNA_TRIAL_KEY, StudyRef
 from nas.search.trials import SweepContext, _supernet
+from nas.search.tune import make_tuner, ray_dir, run_config
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space.spec import FinetuneSpec, SweepSpec
@@ -347,7 +348,6 @@ def run_finetune_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags
         ValueError: ``search.finetune`` is not set.
         RuntimeError: no MLflow parent run for ``sweep_id``.
     """
-    from nas.search.runner import _run_config, _tuner, ray_dir  # the runner imports this module inside run_sweep
 
     ft, se = _finetune_spec(spec), spec.search
     candidates = select_candidates(study.load(), spec)
@@ -362,13 +362,13 @@ def run_finetune_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags
                                     {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})
     exp_dir = ray_dir(spec, sweep_id, ROLE)
     numbers = [t.number for t in candidates]
-    tuner, restored = _tuner(
+    tuner, restored = make_tuner(
         trainable, exp_dir, restart_errored=False,
         param_space={OPTUNA_TRIAL_KEY: tune.grid_search(numbers),
                      ARCH_KEY: tune.sample_from(_ArchParams({t.number: dict(t.params) for t in candidates}))},
         tune_config=tune.TuneConfig(scheduler=scheduler, max_concurrent_trials=se.max_concurrent,
                                     reuse_actors=False),  # a stopped trial's process never runs the next one
-        run_config=_run_config(exp_dir, [callback], se.max_failures))
+        run_config=run_config(exp_dir, [callback], se.max_failures))
     console.print(f"[bold]fine-tuning[/bold] Optuna trials {', '.join(map(str, numbers))}: {ft.steps} steps from "
                   f"inherited weights at peak lr {_peak_lr(spec):g}, ASHA every {ft.eval_every} steps "
                   f"(grace {ft.grace_period}, reduction factor {ft.reduction_factor})" + (" (restored)" if restored else ""))

@@ -17,7 +17,6 @@ import contextlib
 import fcntl
 import json
 import os
-import pickle
 import tempfile
 import time
 from collections import Counter
@@ -32,17 +31,18 @@ from ray import tune
 from rich.console import Console
 
 from nas import tracking
-from nas.data import PreparedData, prepare_data
+from nas.builders import prepare_sweep_data
 from nas.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
-from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler, redact_url
+from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, redact_url
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
+from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
+from nas.io import atomic_write_text
 from nas.space.space import SearchSpace
 from nas.space.spec import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
-__all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus",
-           "make_sampler", "sweep_status", "read_sweep_record", "study_ref", "ray_dir", "results_dir"]
+__all__ = ["run_sweep", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus", "sweep_status", "read_sweep_record", "study_ref", "ray_dir", "results_dir"]
 
 console = Console(stderr=True)
 
@@ -89,38 +89,6 @@ class SweepRecord:
     """The ``space``, ``search`` and ``tracking`` sections it started with."""
 
 
-def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
-    """Tokenize the sweep's corpus (cached by content hash under ``data.cache_dir``)."""
-    d = spec.data
-    return prepare_data(d.train.src, d.train.tgt, d.valid.src, d.valid.tgt, d.tokenizer.vocab_size,
-                        Path(d.cache_dir).resolve(),  # absolute: Ray trials run in their own folders
-                        max_train_pairs=d.max_train_pairs, max_valid_pairs=d.max_valid_pairs, max_len=d.max_len,
-                        seed=spec.train.seed, progress=progress)
-
-
-def _is_uri(path: str | Path) -> bool:
-    """Whether ``path`` is a URI (``s3://bucket/prefix?endpoint_override=...``) rather than a local folder."""
-    return "://" in str(path)
-
-
-def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path | str:
-    """The Ray Tune experiment folder of a sweep's ``train`` or ``search`` stage (named by the sweep id, so
-    a sweep started afresh in the same folder never restores another one's experiment), under
-    ``resources.storage_path`` (default ``<workdir>/<name>/ray``): a local folder, or a URI string
-    when the storage is remote, its query kept last as pyarrow reads it
-    (``s3://bucket/prefix/<sweep id>-<stage>?endpoint_override=host:8333&scheme=http``)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    name = f"{sweep_id}-{stage}"
-    storage = spec.resources.storage_path
-    if storage is None:
-        return spec.run_dir.resolve() / "ray" / name
-    if _is_uri(storage):
-        uri = urlsplit(storage)
-        return urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{name}"))
-    return Path(storage).expanduser().resolve() / name
-
-
 def results_dir(spec: SweepSpec, sweep_id: str) -> Path:
     """Where scored trials keep their results (``<optuna number>.json``), per sweep id."""
     return spec.run_dir.resolve() / "trials" / sweep_id
@@ -133,21 +101,6 @@ def study_ref(spec: SweepSpec, sweep_id: str) -> StudyRef:
 
 
 # --------------------------------------------------------------------------- identity
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _settings(spec: SweepSpec) -> dict[str, Any]:
@@ -211,8 +164,8 @@ def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -
 def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -> None:
     """Write ``sweep.yaml`` (the YAML's copy) then ``sweep.json``, each atomically: the sweep exists from here on."""
     run_dir = spec.run_dir.resolve()
-    _write_atomic(run_dir / SPEC_COPY, spec.redact(Path(spec_path).read_text(encoding="utf-8")))  # ${VAR} kept
-    _write_atomic(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
+    atomic_write_text(run_dir / SPEC_COPY, spec.redact(Path(spec_path).read_text(encoding="utf-8")))  # ${VAR} kept
+    atomic_write_text(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 
 @contextlib.contextmanager
@@ -268,101 +221,6 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
         raise SpecError(f"resources.workers x resources.gpu={res.gpu * res.workers:g} but the Ray cluster has "
                         f"{gpus:g} GPUs; lower resources.gpu or resources.workers")
     return True
-
-
-def _restorable(exp_dir: Path | str) -> bool:
-    """Whether ``exp_dir`` (a local folder or a URI, see :func:`ray_dir`) holds a Ray Tune experiment to restore.
-
-    An experiment-state file cut short by the kill is moved aside (``*.corrupt``) so that Ray restores
-    from the previous one, and so is a searcher state newer than every readable trial list (``*.ahead``: a
-    kill between Ray's uploads of the two); without any readable searcher state the experiment is moved aside
-    (``<name>.unrestorable-<time>``) and starts afresh. Files are read, renamed and copied through pyarrow's
-    filesystem for the folder, so the same rules hold on S3 (which has no renames: copy, then delete).
-    """
-    import fnmatch
-
-    import pyarrow.fs
-    from ray import cloudpickle
-
-    if not tune.Tuner.can_restore(str(exp_dir)):
-        return False
-    uri = _is_uri(exp_dir)
-    fs, root = pyarrow.fs.FileSystem.from_uri(str(exp_dir) if uri else str(Path(exp_dir).resolve()))
-    shown = (lambda path: f"{str(exp_dir).split('://')[0]}://{path}") if uri else (lambda path: path)
-
-    def read(name: str) -> bytes:
-        with fs.open_input_stream(f"{root}/{name}") as f:
-            return f.read()
-
-    def set_aside(name: str, suffix: str) -> None:
-        fs.move(f"{root}/{name}", f"{root}/{name}{suffix}")
-
-    try:
-        pickle.loads(read("tuner.pkl"))
-    except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
-        console.print(f"[yellow]{shown(root + '/tuner.pkl')} is unreadable ({type(e).__name__}); starting the "
-                      "Ray Tune experiment afresh[/yellow]")
-        return False
-    names = sorted(info.base_name for info in fs.get_file_info(pyarrow.fs.FileSelector(root))
-                   if info.type == pyarrow.fs.FileType.File)
-    readers = {"experiment_state-*.json": lambda blob: json.loads(blob.decode("utf-8")),
-               "search_gen_state-*.json": cloudpickle.loads,
-               "basic-variant-state-*.json": cloudpickle.loads}  # the trials, then the searcher (ours or Ray's default)
-    valid: dict[str, list[str]] = {}
-    for pattern, reader in readers.items():
-        valid[pattern] = []
-        for name in fnmatch.filter(names, pattern):
-            try:
-                reader(read(name))
-                valid[pattern].append(name)
-            except Exception:  # cut short while Ray copied it to the experiment folder
-                set_aside(name, ".corrupt")
-                console.print(f"[yellow]moved aside a Ray state file cut short by the kill: "
-                              f"{shown(root + '/' + name)}[/yellow]")
-
-    def session(name: str) -> str:
-        return name.split("-", 1)[1] if name.startswith("experiment_state") else name.rsplit("state-", 1)[1]
-
-    if valid["experiment_state-*.json"]:  # a searcher state newer than the trials it goes with would skip trials
-        newest = max(session(n) for n in valid["experiment_state-*.json"])
-        for pattern in ("search_gen_state-*.json", "basic-variant-state-*.json"):
-            for name in [n for n in valid[pattern] if session(n) > newest]:
-                set_aside(name, ".ahead")
-                valid[pattern].remove(name)
-    searcher_state = valid["search_gen_state-*.json"] or valid["basic-variant-state-*.json"]
-    if valid["experiment_state-*.json"] and not searcher_state:  # killed between Ray's two writes
-        aside = f"{root.rstrip('/')}.unrestorable-{time.strftime('%Y%m%d-%H%M%S')}"
-        if uri:
-            pyarrow.fs.copy_files(root, aside, source_filesystem=fs, destination_filesystem=fs)
-            fs.delete_dir(root)
-        else:
-            fs.move(root, aside)
-        console.print(f"[yellow]{shown(aside)}: no readable search state; starting the Ray Tune experiment afresh "
-                      "(the Optuna study keeps every trial)[/yellow]")
-        return False
-    return bool(valid["experiment_state-*.json"])
-
-
-def _tuner(trainable, exp_dir: Path | str, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
-    """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``)."""
-    if _restorable(exp_dir):
-        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
-                                  resume_errored=False, restart_errored=restart_errored), True
-    return tune.Tuner(trainable, **new_run), False
-
-
-def _run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.RunConfig:
-    """Ray Tune's run config for the experiment folder ``exp_dir`` (a local path or a URI, see :func:`ray_dir`)."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    if _is_uri(exp_dir):  # s3://bucket/prefix/name?query -> (s3://bucket/prefix?query, name)
-        uri = urlsplit(str(exp_dir))
-        parent, _, name = uri.path.rstrip("/").rpartition("/")
-        storage = urlunsplit(uri._replace(path=parent))
-    else:
-        storage, name = str(Path(exp_dir).parent), Path(exp_dir).name
-    return tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
-                          failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -485,9 +343,9 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     trainable = tune.with_resources(tune.with_parameters(train_trial, ctx=ctx),
                                     {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
     exp_dir = ray_dir(spec, sweep_id, "train")
-    tuner, _ = _tuner(trainable, exp_dir, restart_errored=True,  # the trainer resumes from its own checkpoint
+    tuner, _ = make_tuner(trainable, exp_dir, restart_errored=True,  # the trainer resumes from its own checkpoint
                       tune_config=tune.TuneConfig(num_samples=1),
-                      run_config=_run_config(exp_dir, [callback], spec.search.max_failures))
+                      run_config=run_config(exp_dir, [callback], spec.search.max_failures))
     results = tuner.fit()
     if results.errors or not metrics_file.is_file():
         raise SweepFailed(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
@@ -544,9 +402,9 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx),
                                     {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})
     exp_dir = ray_dir(spec, study.study_name, "search")
-    tuner, restored = _tuner(trainable, exp_dir, restart_errored=False,
+    tuner, restored = make_tuner(trainable, exp_dir, restart_errored=False,
                              tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
-                             run_config=_run_config(exp_dir, callbacks, se.max_failures))
+                             run_config=run_config(exp_dir, callbacks, se.max_failures))
     done = Counter(t.state.name for t in study.load().get_trials(deepcopy=False))
     console.print(f"[bold]searching[/bold]: {se.trials} trials, {se.max_concurrent} at a time, "
                   f"{se.method} on {', '.join(m.name for m in se.metrics)}"
@@ -619,13 +477,13 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
         optuna_counts = {}
     exp_dir = ray_dir(spec, record.sweep_id, "search")
     ray_counts: dict[str, int] = {}
-    if _is_uri(exp_dir) or (exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json"))):
+    if is_uri(exp_dir) or (exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json"))):
         from ray.tune import ExperimentAnalysis
 
         try:
             ray_counts = dict(Counter(t.status for t in ExperimentAnalysis(str(exp_dir)).trials))
         except Exception:  # a URI storage with no experiment (yet) or unreachable: Ray's counts are unknown
-            if not _is_uri(exp_dir):
+            if not is_uri(exp_dir):
                 raise
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
     trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]

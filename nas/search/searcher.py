@@ -32,9 +32,10 @@ from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.search import Searcher
 
+from nas.builders import build_sampler
 from nas.space.spec import SearchSpec, SpecError
 
-__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "make_sampler", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
+__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
            "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL", "redact_url"]
 
 OPTUNA_TRIAL_KEY = "optuna_trial"
@@ -52,22 +53,6 @@ ATTR_ERROR = "error"
 """Optuna user attribute of a failed trial: its exception line."""
 
 _OPEN = (TrialState.RUNNING, TrialState.WAITING)
-
-
-def make_sampler(search: SearchSpec, seed_offset: int = 0) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler named by ``search.method`` (TPE is multivariate and multi-objective in Optuna 5).
-
-    ``seed_offset`` (the number of trials already in the study when a driver resumes it) shifts the seed,
-    so that a resumed random or TPE start-up phase does not draw the first trials' archs again.
-    """
-    seed = None if search.seed is None else search.seed + seed_offset
-    samplers = {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
-        "gp": lambda: optuna.samplers.GPSampler(seed=seed),
-        "random": lambda: optuna.samplers.RandomSampler(seed=seed),
-    }
-    return samplers[search.method]()
 
 
 def redact_url(url: str) -> str:
@@ -214,7 +199,7 @@ class DurableOptunaSearch(Searcher):
     def study(self) -> optuna.Study:
         if self._study is None:
             study = self.study_ref.load(self.directions)
-            study.sampler = make_sampler(self.search, seed_offset=len(study.get_trials(deepcopy=False)))
+            study.sampler = build_sampler(self.search, seed_offset=len(study.get_trials(deepcopy=False)))
             self._study = study
         return self._study
 

@@ -8,17 +8,7 @@ A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.js
 before reporting it: a trial that Ray runs again after the driver was killed reports that file
 instead of scoring the arch again.
 
-Test-only fault injection (the one place it is read): the environment variable ``NAS_TEST_FAULT``
-makes :func:`score_trial` fail, as ``KIND[:WHEN]``:
-
-- KIND ``raise`` raises ``RuntimeError``; ``nan`` scores the arch and then makes ``valid_loss`` NaN
-  (which the NaN check turns into ``FloatingPointError``); ``oom`` raises ``torch.OutOfMemoryError``.
-- WHEN ``always`` (default) every attempt of every trial; ``first`` only a trial's first attempt (a
-  retry from ``search.max_failures`` then succeeds); ``even`` trials with an even Optuna number; a
-  number in (0, 1) each attempt with that probability.
-
-Ray workers of a local cluster inherit the driver's environment, so setting it for ``nas sweep`` is
-enough. Unset (always, outside tests) it costs one ``os.environ`` lookup.
+Test-only fault injection: :func:`score_trial` is the fault point ``score_trial`` of :mod:`nas.faults`.
 """
 
 from __future__ import annotations
@@ -26,8 +16,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +25,7 @@ import ray
 import torch
 from ray import tune
 
+from nas import faults
 from nas.data import PreparedData
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, load_model
@@ -45,11 +34,8 @@ from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TR
 from nas.space.space import SearchSpace
 from nas.space.spec import SweepSpec
 
-__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "FAULT_ENV", "OPTUNA_TRIAL_KEY"]
+__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "OPTUNA_TRIAL_KEY"]
 
-FAULT_ENV = "NAS_TEST_FAULT"
-"""Test-only fault injection (see the module docstring)."""
-_FAULT_KINDS = ("raise", "nan", "oom")
 
 
 @dataclass(frozen=True)
@@ -146,7 +132,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     Raises:
         FloatingPointError: a metric is NaN or infinite (names the metrics and the arch).
         torch.OutOfMemoryError: the arch does not fit in memory (names the arch).
-        RuntimeError: injected by ``NAS_TEST_FAULT=raise`` (tests only), or the replay of a trial that failed
+        RuntimeError: injected by :mod:`nas.faults` (tests only), or the replay of a trial that failed
             before the driver was killed.
     """
     number = config.get(OPTUNA_TRIAL_KEY)
@@ -159,12 +145,10 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
         raise RuntimeError(f"Optuna trial {number} failed before the driver was killed: {config.get(ERROR_KEY)}")
     torch.set_num_threads(max(1, int(ctx.spec.search.cpu_per_trial)))
     arch = SearchSpace.from_spec(ctx.spec).from_params(params)
-    fault = _injected_fault(ctx, number)
-    if fault == "raise":
-        raise RuntimeError(f"{FAULT_ENV}=raise: injected failure in Optuna trial {number}")
+    fault = None
     try:
-        if fault == "oom":
-            raise torch.OutOfMemoryError(f"{FAULT_ENV}=oom: injected out of memory in Optuna trial {number}")
+        fault = faults.point("score_trial", number=number, attempts=_result_path(ctx, number, ".attempts"),
+                             label=f"Optuna trial {number}")
         model = _supernet(str(ctx.supernet_dir))
         if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
             model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
@@ -207,46 +191,6 @@ def _store_result(ctx: SweepContext, number: int | None, result: dict[str, Any])
     path = _result_path(ctx, number)
     if path is not None:
         atomic_write_text(path, json.dumps(result))
-
-
-def _injected_fault(ctx: SweepContext, number: int | None) -> str | None:
-    """The fault ``NAS_TEST_FAULT`` asks this attempt to show (``raise``, ``nan``, ``oom``) or None.
-
-    Raises:
-        ValueError: a malformed ``NAS_TEST_FAULT`` (names the value and the grammar).
-    """
-    value = os.environ.get(FAULT_ENV)
-    if not value:
-        return None
-    kind, _, when = value.partition(":")
-    grammar = f"{FAULT_ENV}={value!r}: expected KIND[:WHEN], KIND in {'|'.join(_FAULT_KINDS)}, WHEN always|first|even|P"
-    if kind not in _FAULT_KINDS:
-        raise ValueError(grammar)
-    when = when or "always"
-    if when == "always":
-        return kind
-    if when == "first":
-        return kind if _count_attempt(ctx, number) == 1 else None
-    if when == "even":
-        return kind if number is not None and int(number) % 2 == 0 else None
-    try:
-        p = float(when)
-    except ValueError:
-        raise ValueError(grammar) from None
-    return kind if random.random() < p else None
-
-
-def _count_attempt(ctx: SweepContext, number: int | None) -> int:
-    """This trial's attempt number (1 = first), counted in ``<results_dir>/<number>.attempts``."""
-    path = _result_path(ctx, number, ".attempts")
-    if path is None:
-        raise ValueError(f"{FAULT_ENV}=...:first needs a search trial with a results folder")
-    try:
-        attempt = int(path.read_text()) + 1
-    except (OSError, ValueError):
-        attempt = 1
-    atomic_write_text(path, str(attempt))
-    return attempt
 
 
 class DefineByRun:

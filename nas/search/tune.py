@@ -1,0 +1,139 @@
+"""Ray Tune plumbing shared by the sweep's stages: experiment folders, restore after a kill, run configs.
+
+Used by :mod:`nas.search.runner` (the supernet and search stages) and :mod:`nas.search.finetune`
+(the ASHA fine-tune stage); it knows nothing of either.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from pathlib import Path
+
+from ray import tune
+from rich.console import Console
+
+from nas.space.spec import SweepSpec
+
+__all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config"]
+
+console = Console(stderr=True)
+
+
+def is_uri(path: str | Path) -> bool:
+    """Whether ``path`` is a URI (``s3://bucket/prefix?endpoint_override=...``) rather than a local folder."""
+    return "://" in str(path)
+
+
+def ray_dir(spec: SweepSpec, sweep_id: str, stage: str) -> Path | str:
+    """The Ray Tune experiment folder of a sweep's ``train`` or ``search`` stage (named by the sweep id, so
+    a sweep started afresh in the same folder never restores another one's experiment), under
+    ``resources.storage_path`` (default ``<workdir>/<name>/ray``): a local folder, or a URI string
+    when the storage is remote, its query kept last as pyarrow reads it
+    (``s3://bucket/prefix/<sweep id>-<stage>?endpoint_override=host:8333&scheme=http``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    name = f"{sweep_id}-{stage}"
+    storage = spec.resources.storage_path
+    if storage is None:
+        return spec.run_dir.resolve() / "ray" / name
+    if is_uri(storage):
+        uri = urlsplit(storage)
+        return urlunsplit(uri._replace(path=f"{uri.path.rstrip('/')}/{name}"))
+    return Path(storage).expanduser().resolve() / name
+
+
+def restorable(exp_dir: Path | str) -> bool:
+    """Whether ``exp_dir`` (a local folder or a URI, see :func:`ray_dir`) holds a Ray Tune experiment to restore.
+
+    An experiment-state file cut short by the kill is moved aside (``*.corrupt``) so that Ray restores
+    from the previous one, and so is a searcher state newer than every readable trial list (``*.ahead``: a
+    kill between Ray's uploads of the two); without any readable searcher state the experiment is moved aside
+    (``<name>.unrestorable-<time>``) and starts afresh. Files are read, renamed and copied through pyarrow's
+    filesystem for the folder, so the same rules hold on S3 (which has no renames: copy, then delete).
+    """
+    import fnmatch
+
+    import pyarrow.fs
+    from ray import cloudpickle
+
+    if not tune.Tuner.can_restore(str(exp_dir)):
+        return False
+    uri = is_uri(exp_dir)
+    fs, root = pyarrow.fs.FileSystem.from_uri(str(exp_dir) if uri else str(Path(exp_dir).resolve()))
+    shown = (lambda path: f"{str(exp_dir).split('://')[0]}://{path}") if uri else (lambda path: path)
+
+    def read(name: str) -> bytes:
+        with fs.open_input_stream(f"{root}/{name}") as f:
+            return f.read()
+
+    def set_aside(name: str, suffix: str) -> None:
+        fs.move(f"{root}/{name}", f"{root}/{name}{suffix}")
+
+    try:
+        pickle.loads(read("tuner.pkl"))
+    except Exception as e:  # cut short while Tuner() wrote it: nothing ran yet
+        console.print(f"[yellow]{shown(root + '/tuner.pkl')} is unreadable ({type(e).__name__}); starting the "
+                      "Ray Tune experiment afresh[/yellow]")
+        return False
+    names = sorted(info.base_name for info in fs.get_file_info(pyarrow.fs.FileSelector(root))
+                   if info.type == pyarrow.fs.FileType.File)
+    readers = {"experiment_state-*.json": lambda blob: json.loads(blob.decode("utf-8")),
+               "search_gen_state-*.json": cloudpickle.loads,
+               "basic-variant-state-*.json": cloudpickle.loads}  # the trials, then the searcher (ours or Ray's default)
+    valid: dict[str, list[str]] = {}
+    for pattern, reader in readers.items():
+        valid[pattern] = []
+        for name in fnmatch.filter(names, pattern):
+            try:
+                reader(read(name))
+                valid[pattern].append(name)
+            except Exception:  # cut short while Ray copied it to the experiment folder
+                set_aside(name, ".corrupt")
+                console.print(f"[yellow]moved aside a Ray state file cut short by the kill: "
+                              f"{shown(root + '/' + name)}[/yellow]")
+
+    def session(name: str) -> str:
+        return name.split("-", 1)[1] if name.startswith("experiment_state") else name.rsplit("state-", 1)[1]
+
+    if valid["experiment_state-*.json"]:  # a searcher state newer than the trials it goes with would skip trials
+        newest = max(session(n) for n in valid["experiment_state-*.json"])
+        for pattern in ("search_gen_state-*.json", "basic-variant-state-*.json"):
+            for name in [n for n in valid[pattern] if session(n) > newest]:
+                set_aside(name, ".ahead")
+                valid[pattern].remove(name)
+    searcher_state = valid["search_gen_state-*.json"] or valid["basic-variant-state-*.json"]
+    if valid["experiment_state-*.json"] and not searcher_state:  # killed between Ray's two writes
+        aside = f"{root.rstrip('/')}.unrestorable-{time.strftime('%Y%m%d-%H%M%S')}"
+        if uri:
+            pyarrow.fs.copy_files(root, aside, source_filesystem=fs, destination_filesystem=fs)
+            fs.delete_dir(root)
+        else:
+            fs.move(root, aside)
+        console.print(f"[yellow]{shown(aside)}: no readable search state; starting the Ray Tune experiment afresh "
+                      "(the Optuna study keeps every trial)[/yellow]")
+        return False
+    return bool(valid["experiment_state-*.json"])
+
+
+def make_tuner(trainable, exp_dir: Path | str, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
+    """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``)."""
+    if restorable(exp_dir):
+        return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
+                                  resume_errored=False, restart_errored=restart_errored), True
+    return tune.Tuner(trainable, **new_run), False
+
+
+def run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.RunConfig:
+    """Ray Tune's run config for the experiment folder ``exp_dir`` (a local path or a URI, see :func:`ray_dir`)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    if is_uri(exp_dir):  # s3://bucket/prefix/name?query -> (s3://bucket/prefix?query, name)
+        uri = urlsplit(str(exp_dir))
+        parent, _, name = uri.path.rstrip("/").rpartition("/")
+        storage = urlunsplit(uri._replace(path=parent))
+    else:
+        storage, name = str(Path(exp_dir).parent), Path(exp_dir).name
+    return tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
+                          failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)

@@ -1,0 +1,51 @@
+"""nas.faults: unarmed points do nothing; armed ones show the fault the grammar names."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nas import faults
+
+
+def test_unarmed_point_does_nothing(monkeypatch):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.point("score_trial", number=3) is None
+
+
+@pytest.mark.parametrize("kind, error", [("raise", RuntimeError), ("oom", torch.OutOfMemoryError)])
+def test_armed_point_raises_the_named_fault(monkeypatch, kind, error):
+    monkeypatch.setenv(faults.ENV, kind)
+    with pytest.raises(error, match=f"{faults.ENV}={kind}: injected .* in Optuna trial 4"):
+        faults.point("score_trial", number=4, label="Optuna trial 4")
+
+
+def test_nan_is_returned_for_the_caller_to_apply(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "nan")
+    assert faults.point("score_trial") == "nan"
+
+
+def test_first_fires_on_the_first_attempt_only(monkeypatch, tmp_path):
+    monkeypatch.setenv(faults.ENV, "nan:first")
+    attempts = tmp_path / "00001.attempts"
+    assert faults.point("score_trial", attempts=attempts) == "nan"
+    assert faults.point("score_trial", attempts=attempts) is None
+    assert attempts.read_text() == "2"
+
+
+def test_even_fires_on_even_trials(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "nan:even")
+    assert [faults.point("p", number=n) for n in range(4)] == ["nan", None, "nan", None]
+
+
+@pytest.mark.parametrize("value", ["explode", "nan:sometimes"])
+def test_malformed_value_names_the_grammar(monkeypatch, value):
+    monkeypatch.setenv(faults.ENV, value)
+    with pytest.raises(ValueError, match="expected KIND\\[:WHEN\\]"):
+        faults.point("score_trial")
+
+
+def test_first_needs_an_attempts_file(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "raise:first")
+    with pytest.raises(ValueError, match="results folder"):
+        faults.point("score_trial")
