@@ -1,0 +1,52 @@
+"""nas: neural architecture search for sequence-to-sequence Transformers (machine translation).
+
+One weight-sharing supernet is trained; sub-Transformers are cropped from it and searched by
+Optuna through Ray Tune, tracked in MLflow. The public API (lazily loaded, PEP 562, so that
+``import nas`` loads no torch, Ray, Optuna or MLflow)::
+
+    import nas
+    spec = nas.load_spec("search_spaces/quickstart.yaml")
+    nas.sweep("search_spaces/quickstart.yaml")
+    nas.train(spec)
+    nas.translate("exported/", ["A man is riding a bike ."])
+
+The packages, bottom layer first (each imports only from the layers before it; the test
+``tests/test_architecture.py`` checks this):
+
+- ``errors``, ``io``, ``faults``: bad-input errors, atomic writes, test-only fault points;
+- ``space``: the YAML schema and loader, the constraint language, ``Arch``, the search space;
+- ``data``: SentencePiece, Parquet, token-bucketed batches;
+- ``model``: the supernet's layers, the supernet, ``extract``, decoding; ``precision``;
+- ``eval``: scores (BLEU, chrF, loss), latency measurement and the latency predictor;
+- ``builders``: spec -> supernet, prepared data, search space, sampler;
+- ``trainers`` (top-level package): the one training loop and its stages;
+- ``tracking``: MLflow runs, leaderboard queries, Pareto fronts, result files;
+- ``search``: Ray Tune + Optuna orchestration; ``fidelity``; ``preflight``;
+- ``export``, ``report``: export folders, ONNX, MLflow models; reports and plots;
+- ``cli``, ``api``: the ``nas`` command and this API.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nas.api import load_export, load_spec, sweep, train, translate
+    from nas.errors import NasError
+
+__all__ = ["load_spec", "sweep", "train", "load_export", "translate", "NasError"]
+
+_LAZY = {"load_spec": "nas.api", "sweep": "nas.api", "train": "nas.api", "load_export": "nas.api",
+         "translate": "nas.api", "NasError": "nas.errors"}
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: load the public API on first use."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'nas' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

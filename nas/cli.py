@@ -132,30 +132,9 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet).")) -> None:
     """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
     spec = _load(file, check_predictor=False)  # the predictor is used by sweeps only
-    from nas import tracking
-    from nas.builders import prepare_sweep_data
-    from trainers import train_supernet
+    from nas.api import train as train_tracked
 
-    data = prepare_sweep_data(spec)
-    target = out_dir or spec.run_dir / "supernet"
-    for stale in tracking.find_tagged_runs(spec.experiment, {"nas.role": "supernet", "nas.supernet_dir": str(target.resolve())},
-                                           status="RUNNING"):  # left by a killed `nas train` of this folder
-        for child in tracking.find_tagged_runs(spec.experiment, {"mlflow.parentRunId": stale.info.run_id}, status="RUNNING"):
-            tracking.end_run(child.info.run_id, "KILLED")
-        tracking.end_run(stale.info.run_id, "KILLED")
-    run = tracking.start_run(spec.experiment, f"{spec.name}-supernet", role="supernet",
-                             tags={"nas.supernet_dir": str(target.resolve()), "nas.data_dir": str(Path(data.root).resolve())},
-                             params=spec.redact({"supernet": spec.supernet.model_dump(mode="json"),
-                                                 "train": spec.train.model_dump(mode="json")}))
-    stages = tracking.StageRuns(spec.experiment, run)  # one nested run per training stage
-    try:
-        result = train_supernet(spec, data, target, report=stages)
-    except BaseException:
-        stages.close("FAILED")
-        tracking.end_run(run, "FAILED")
-        raise
-    stages.close()
-    tracking.end_run(run)
+    result = train_tracked(spec, out_dir)
     out.print_json(json.dumps(result.metrics))
 
 

@@ -1,0 +1,265 @@
+"""The package's shape: dependencies point one way, no cycles, no private names across modules.
+
+The layers, bottom to top (issue 13): a module may import its own layer or lower ones, never a
+higher one; imports inside functions count. Within a layer the module graph has no cycle.
+
+    foundation (errors, io, faults) -> spec (nas.space) -> data -> model (nas.model, precision)
+    -> scoring (nas.eval) -> builders -> trainers -> tracking -> search (nas.search, fidelity,
+    preflight) -> export / report -> cli (and the lazy public API in nas/__init__.py)
+
+The checker reads the source with ``ast`` (nothing is imported), so it also sees imports that a
+test run never executes. Its own tests feed it a small tree with each kind of violation.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("nas", "trainers")
+LAYERS: list[tuple[str, ...]] = [
+    ("nas.errors", "nas.io", "nas.faults"),
+    ("nas.space",),
+    ("nas.data",),
+    ("nas.model", "nas.precision"),
+    ("nas.eval",),
+    ("nas.builders",),
+    ("trainers",),
+    ("nas.tracking",),
+    ("nas.search", "nas.fidelity", "nas.preflight"),
+    ("nas.export", "nas.report"),
+    ("nas.cli", "nas.api", "=nas"),
+]
+"""Module prefixes of each layer, bottom first; the longest matching prefix decides; ``=name`` matches
+that module only (``nas/__init__.py`` is the lazy public API, at the top)."""
+HEAVY = ("torch", "ray", "optuna", "mlflow")
+
+
+def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int:
+    """The layer index of ``module`` (by its longest matching prefix).
+
+    Raises:
+        LookupError: no layer holds it (a new module must be placed in :data:`LAYERS`).
+    """
+    best, index = -1, None
+    for i, prefixes in enumerate(layers):
+        for p in prefixes:
+            exact = p.startswith("=")
+            p = p.lstrip("=")
+            if (module == p or (not exact and module.startswith(p + "."))) and len(p) > best:
+                best, index = len(p), i
+    if index is None:
+        raise LookupError(f"{module} is in no layer of tests/test_architecture.py LAYERS; place it there")
+    return index
+
+
+def modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """Every module under ``root``'s ``packages``: dotted name -> file."""
+    found = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path],
+            packages: tuple[str, ...] = PACKAGES) -> Iterator[tuple[str, int, tuple[str, ...]]]:
+    """``(imported module, line, names imported from it)`` for each first-party import in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in packages:
+                    yield alias.name, node.lineno, ()
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] not in packages:
+                continue
+            names = tuple(a.name for a in node.names)
+            submodules = [f"{target}.{n}" for n in names if f"{target}.{n}" in known]
+            if submodules:  # ``from nas import tracking``: an import of the submodule
+                for sub in submodules:
+                    yield sub, node.lineno, ()
+                rest = tuple(n for n in names if f"{target}.{n}" not in known)
+                if rest:
+                    yield target, node.lineno, rest
+            else:
+                yield target, node.lineno, names
+
+
+def private_attributes(path: Path, aliases: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """``module._name`` uses of an imported first-party module bound to a local name."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            yield f"{aliases[node.value.id]}.{node.attr}", node.lineno
+
+
+def violations(root: Path, layers: list[tuple[str, ...]] = LAYERS,
+               packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Every upward import, private name crossing modules, and import cycle under ``root``."""
+    known = modules(root, packages)
+    found: list[str] = []
+    graph: dict[str, set[str]] = {m: set() for m in known}
+    for name, path in known.items():
+        mine = layer_of(name, layers)
+        aliases: dict[str, str] = {}
+        for target, line, names in imports(name, path, known, packages):
+            where = f"{path.relative_to(root)}:{line}"
+            if target not in known:
+                found.append(f"{where}: imports {target}, which does not exist")
+                continue
+            if target != name:
+                graph[name].add(target)
+            theirs = layer_of(target, layers)
+            if theirs > mine:
+                found.append(f"{where}: {name} (layer {mine}) imports {target} (layer {theirs}): upward")
+            for n in names:
+                if n.startswith("_") and not n.startswith("__") and target != name:
+                    found.append(f"{where}: {name} imports the private name {target}.{n}")
+            if not names:
+                aliases[target.rsplit(".", 1)[-1]] = target
+        for attr, line in private_attributes(path, aliases):
+            found.append(f"{path.relative_to(root)}:{line}: {name} uses the private name {attr}")
+    found += [f"import cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp) + [sorted(comp)[0]])
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+# --------------------------------------------------------------------------- the tree itself
+
+
+def test_dependencies_point_one_way_without_cycles_or_private_names():
+    found = violations(ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_every_module_has_a_layer():
+    for name in modules(ROOT):
+        layer_of(name)  # raises LookupError naming the module
+
+
+def _loaded_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint(' '.join(sorted(sys.modules)))"],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return set(out.stdout.split())
+
+
+def test_import_nas_loads_no_heavy_library():
+    loaded = _loaded_after("import nas")
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
+
+
+def test_loading_a_spec_that_names_a_latency_predictor_loads_no_heavy_library(tmp_path):
+    import json
+
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "search_spaces" / "quickstart.yaml").read_text())
+    predictor = tmp_path / "predictor.json"
+    predictor.write_text(json.dumps({"kind": "nas-latency-predictor"}))
+    raw["search"].update(latency="predicted", latency_predictor=str(predictor))
+    for split in ("train", "valid"):
+        for side in ("src", "tgt"):
+            raw["data"][split][side] = str((ROOT / raw["data"][split][side]).resolve())
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    loaded = _loaded_after(f"import nas\nnas.load_spec({str(spec)!r}, check_predictor=False)")
+    assert not {m for m in loaded if m.split(".")[0] in HEAVY}
+
+
+# --------------------------------------------------------------------------- the checker can fail
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
+
+
+TOY = [("pkg.low",), ("pkg.high", "=pkg")]
+
+
+def test_checker_flags_an_upward_import_even_inside_a_function(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/high.py": "X = 1\n",
+                            "pkg/low.py": "def f():\n    from pkg.high import X\n    return X\n"})
+    found = violations(root, TOY, ("pkg",))
+    assert any("pkg.low (layer 0) imports pkg.high (layer 1): upward" in f for f in found), found
+
+
+def test_checker_flags_private_names_from_another_module(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": "_secret = 1\n",
+                            "pkg/high.py": "from pkg.low import _secret\nfrom pkg import low\nY = low._secret\n"})
+    found = violations(root, TOY, ("pkg",))
+    assert any("imports the private name pkg.low._secret" in f for f in found), found
+    assert any("uses the private name pkg.low._secret" in f for f in found), found
+
+
+def test_checker_flags_a_cycle_within_a_layer(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": "",
+                            "pkg/high/__init__.py": "", "pkg/high/a.py": "from pkg.high import b\n",
+                            "pkg/high/b.py": "from pkg.high import a\n"})
+    found = violations(root, TOY, ("pkg",))
+    assert "import cycle: pkg.high.a -> pkg.high.b -> pkg.high.a" in found, found
+
+
+def test_checker_accepts_a_clean_tree(tmp_path):
+    root = _tree(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": "_x = 1\nY = _x\n",
+                            "pkg/high.py": "from pkg.low import Y\nfrom . import low\nZ = low.Y\n"})
+    assert violations(root, TOY, ("pkg",)) == []
+
+
+def test_module_outside_every_layer_is_named(tmp_path):
+    with pytest.raises(LookupError, match="pkg.other is in no layer"):
+        layer_of("pkg.other", TOY)
