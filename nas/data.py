@@ -30,6 +30,8 @@ import sentencepiece as spm
 import torch
 from rich.console import Console
 
+from nas.errors import NasError
+
 __all__ = [
     "BOS_ID",
     "EOS_ID",
@@ -56,7 +58,7 @@ _KEYS = ("data.train.src", "data.train.tgt", "data.valid.src", "data.valid.tgt")
 _console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-class DataError(ValueError):
+class DataError(NasError):
     """Bad data input; the message names the file and what would fix it."""
 
 
