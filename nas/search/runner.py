@@ -38,7 +38,7 @@ from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, make_sampler, redact_url
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.space import SearchSpace
-from nas.space.spec import SpecError, SweepSpec
+from nas.space import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
 __all__ = ["run_sweep", "prepare_sweep_data", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus",

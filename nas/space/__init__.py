@@ -22,21 +22,44 @@ Example::
     widest = SearchSpace.from_spec(spec).widest()
 """
 
-from nas.space.arch import Arch, LayerArch, StackArch
-from nas.space.constraints import METRIC_NAMES, Constraint, parse_constraint
-from nas.space.errors import SpecError
-from nas.space.loader import load_spec, parse_spec
-from nas.space.schema import (
-    REDACTED,
-    FinetuneSpec,
-    JointStage,
-    SearchSpec,
-    SeqDistillStage,
-    SweepSpec,
-    TrainSpec,
-    WordDistillStage,
-)
-from nas.space.space import SearchSpace, format_count
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_HOMES = {
+    "Arch": "arch", "LayerArch": "arch", "StackArch": "arch",
+    "METRIC_NAMES": "constraints", "Constraint": "constraints", "parse_constraint": "constraints",
+    "SpecError": "errors",
+    "load_spec": "loader", "parse_spec": "loader",
+    "REDACTED": "schema", "FinetuneSpec": "schema", "JointStage": "schema", "SearchSpec": "schema",
+    "SeqDistillStage": "schema", "SweepSpec": "schema", "TrainSpec": "schema", "WordDistillStage": "schema",
+    "SearchSpace": "space", "format_count": "space",
+}
+"""Public name -> the module that defines it (loaded on first use, PEP 562: ``import nas.space.arch``, as the
+model does, stays free of pydantic and YAML)."""
+
+if TYPE_CHECKING:
+    from nas.space.arch import Arch, LayerArch, StackArch
+    from nas.space.constraints import METRIC_NAMES, Constraint, parse_constraint
+    from nas.space.errors import SpecError
+    from nas.space.loader import load_spec, parse_spec
+    from nas.space.schema import (REDACTED, FinetuneSpec, JointStage, SearchSpec, SeqDistillStage, SweepSpec,
+                                  TrainSpec, WordDistillStage)
+    from nas.space.space import SearchSpace, format_count
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'nas.space' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"nas.space.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "Arch",
