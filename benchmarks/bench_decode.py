@@ -31,7 +31,7 @@ from nas.model.supernet import SuperTransformer, extract
 from nas.builders import prepare_sweep_data
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
-from nas.space.spec import load_spec
+from nas.space import load_spec
 from nas.builders import build_supernet
 
 

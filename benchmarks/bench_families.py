@@ -28,7 +28,7 @@ from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion, path_
 from nas.model.supernet import extract
 from nas.precision import autocast_for, resolve_precision
 from nas.space.space import SearchSpace
-from nas.space.spec import load_spec
+from nas.space import load_spec
 from nas.builders import build_supernet
 
 

@@ -202,7 +202,7 @@ def report(spec_file: Path, env: dict, trials: int) -> None:
 
     from nas import tracking
     from nas.search.runner import ray_dir, read_sweep_record, study_ref, sweep_status
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     spec = load_spec(spec_file)
     record = read_sweep_record(spec.run_dir.resolve())

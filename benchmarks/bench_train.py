@@ -32,7 +32,7 @@ from nas.builders import prepare_sweep_data
 from nas.search.trials import score_arch
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
-from nas.space.spec import load_spec
+from nas.space import load_spec
 from nas.builders import build_supernet
 from trainers import check_fingerprint, supernet_fingerprint
 

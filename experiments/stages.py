@@ -31,7 +31,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nas.builders import prepare_sweep_data  # noqa: E402
-from nas.space.spec import parse_spec  # noqa: E402
+from nas.space import parse_spec  # noqa: E402
 from trainers import train_supernet  # noqa: E402
 
 REFS = ("narrowest", "middle", "widest")

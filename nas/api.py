@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from nas.export import Exported
     from nas.search import SweepResult
-    from nas.space.spec import SweepSpec
+    from nas.space import SweepSpec
     from trainers import TrainResult
 
 __all__ = ["load_spec", "sweep", "train", "load_export", "translate"]
@@ -33,7 +33,7 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> "SweepSpec":
     Raises:
         SpecError: a bad key or value, a missing data file (names the key path and the fix).
     """
-    from nas.space.spec import load_spec as _load
+    from nas.space import load_spec as _load
 
     return _load(path, check_files=check_files)
 
@@ -69,7 +69,7 @@ def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
     from trainers import train_supernet
 
     if isinstance(spec, (str, Path)):
-        from nas.space.spec import load_spec as _load
+        from nas.space import load_spec as _load
 
         spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
     data = prepare_sweep_data(spec)

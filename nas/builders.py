@@ -1,6 +1,6 @@
 """Builders: a validated spec in, the pieces a recipe needs out (torchtune's ``_model_builders``).
 
-The one place that reads a :class:`~nas.space.spec.SweepSpec` to build
+The one place that reads a :class:`~nas.space.SweepSpec` to build
 
 - the supernet (:func:`supernet_config`, :func:`build_supernet`),
 - the tokenized corpus (:func:`prepare_sweep_data`),
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from nas.data import PreparedData, prepare_data
 from nas.model.supernet import SuperTransformer
 from nas.space.space import SearchSpace
-from nas.space.spec import SearchSpec, SweepSpec
+from nas.space import SearchSpec, SweepSpec
 
 if TYPE_CHECKING:
     import optuna

@@ -36,7 +36,7 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None):
-    from nas.space.spec import SpecError, load_spec
+    from nas.space import SpecError, load_spec
 
     try:
         return load_spec(file, check_files=check_files, check_predictor=check_predictor)
@@ -73,7 +73,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     from nas import tracking
     from nas.data import DataError
     from nas.search import SweepFailed, run_sweep, sweep_status
-    from nas.space.spec import SpecError
+    from nas.space import SpecError
 
     if status:
         try:
@@ -109,7 +109,7 @@ def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_fi
     if not name:
         _fail("pass a sweep YAML (nas sweep FILE), or --resume NAME / --status NAME")
     from nas.search.runner import SPEC_COPY, read_sweep_record
-    from nas.space.spec import SpecError
+    from nas.space import SpecError
 
     try:
         record = read_sweep_record(workdir / name)

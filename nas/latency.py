@@ -46,39 +46,11 @@ from nas.model.decode import beam_search
 from nas.model.io import atomic_write_text
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch, StackArch
+from nas.space.predictor_file import FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta
 from nas.space.space import SearchSpace
 
 __all__ = ["FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
            "LatencyPredictor", "check_drift"]
-
-_STACK_FEATURES = (
-    "layers",
-    "width_mean", "width_sum",
-    "ffn_width_mean", "ffn_width_sum",
-    "branches_mean", "branches_sum",
-    "paths_mean", "paths_sum",
-    "units_mean", "units_sum",
-    "prime_layers",
-    "kernel_taps",
-    "sequential_dependency_layers",
-    "attention_work",
-    "ffn_work",
-)
-FEATURE_NAMES: tuple[str, ...] = (
-    *(f"encoder.{name}" for name in _STACK_FEATURES),
-    *(f"decoder.{name}" for name in _STACK_FEATURES),
-    "model_width",
-)
-"""Names of :func:`arch_features`' entries, in order (a saved predictor checks them on load).
-
-Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``ffn_width``
-(F_l, channels), ``branches``, ``paths`` and ``units``; ``prime_layers`` (count);
-``kernel_taps`` (sum of all kernel sizes of all Prime layers); ``sequential_dependency_layers``
-(layers whose MUTE units are chained); ``attention_work`` = sum_l D_l * branches_l * paths_l
-* units_l and ``ffn_work`` = sum_l F_l * paths_l * units_l (channels; the widths the layer's
-matrix products actually run at). Last: ``model_width`` C (channels)."""
-PREDICTOR_FORMAT = "nas-latency-predictor/1"
-"""``format`` key of the JSON sidecar."""
 
 
 def _stack_features(stack: StackArch) -> list[float]:
@@ -476,17 +448,7 @@ class LatencyPredictor:
                 than this version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
         """
         path = Path(path)
-        meta = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-        if meta.get("format") != PREDICTOR_FORMAT:
-            raise ValueError(f"{path.with_suffix('.json')} has format {meta.get('format')!r}, "
-                             f"expected {PREDICTOR_FORMAT!r}")
-        names = meta.get("feature_names")
-        if names != list(FEATURE_NAMES):
-            missing = [n for n in FEATURE_NAMES if n not in (names or [])]
-            extra = [n for n in (names or []) if n not in FEATURE_NAMES]
-            raise ValueError(f"predictor {path} was fitted on features {names}; this version computes "
-                             f"{list(FEATURE_NAMES)} (missing: {missing}, unknown: {extra}, or another order); "
-                             f"refit with `nas latency fit`")
+        meta = read_predictor_meta(path)  # format, feature names, keys, weights header (torch-free)
         pred = cls(meta["model_dim"], hidden=meta["hidden"], hidden_layers=meta["hidden_layers"],
                    batch_size=meta["batch_size"], beam_size=meta["beam_size"], device=meta.get("device", ""))
         pred.net.load_state_dict(load_file(str(path)))

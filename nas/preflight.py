@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from nas.space.spec import SpecError, SweepSpec
+from nas.space import SpecError, SweepSpec
 
 __all__ = ["TIMEOUT_S", "BackendError", "check_backends", "check_database", "check_mlflow", "check_ray_address"]
 
@@ -50,7 +50,7 @@ def check_backends(spec: SweepSpec, address: str | None, *, timeout_s: float = T
         BackendError: the MLflow tracking URI (``$MLFLOW_TRACKING_URI``, default ``sqlite:///<cwd>/mlflow.db``),
             the Optuna storage or the Ray address does not answer or cannot be used.
     """
-    from nas.tracking import tracking_uri
+    from nas.tracking.layout import tracking_uri
 
     uri = tracking_uri()
     env_set = bool(os.environ.get("MLFLOW_TRACKING_URI"))

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from nas.model.io import atomic_write_bytes
 from nas import tracking
 from nas.plots import pareto_png
-from nas.tracking import LeaderboardRow, Objective
+from nas.tracking.pareto import Objective
+from nas.tracking.rows import LeaderboardRow
 
 if TYPE_CHECKING:
     import mlflow

@@ -111,7 +111,7 @@ def tiny_supernet(multi30k, tmp_path_factory) -> tuple[Path, Path]:
     cache folder). Copy the folder to ``<workdir>/tiny/supernet`` and point ``data.cache_dir`` at the cache
     folder, and a sweep reuses both instead of training."""
     from nas.builders import prepare_sweep_data
-    from nas.space.spec import parse_spec
+    from nas.space import parse_spec
     from trainers import train_supernet
 
     work = tmp_path_factory.mktemp("tiny_supernet")
@@ -171,7 +171,7 @@ def read_sweep(spec_file: Path, env: dict[str, str]) -> SweepRecords:
 
     from nas import tracking
     from nas.search.runner import ray_dir, read_sweep_record, study_ref
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     spec = load_spec(spec_file, check_files=False)
     record = read_sweep_record(spec.run_dir)

@@ -13,7 +13,7 @@ from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer
 from nas.search.runner import prepare_sweep_data
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import average_checkpoints, average_snapshots, latest_snapshots, train_supernet
 

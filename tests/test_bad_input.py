@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.preflight import BackendError, check_backends, check_database, check_mlflow, check_ray_address
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import MULTI30K, POSTGRES_ADMIN_URL, REPO, tiny_spec_dict
 
 runner = CliRunner()
@@ -135,7 +135,7 @@ def test_a_target_one_line_short_is_caught_in_the_validation_split(work):
 
 def test_data_files_are_counted_like_read_lines_counts_them(work):
     """A last line without a newline and ``\\r\\n`` endings: aligned for ``read_lines``, so the sweep file loads."""
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     src, tgt = work / "valid.en", work / "valid.de"
     src.write_bytes(b"one\r\ntwo\r\nthree")

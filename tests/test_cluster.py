@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nas.search.runner import _run_config, ray_dir
-from nas.space.spec import SpecError, parse_spec
+from nas.space import SpecError, parse_spec
 from tests.conftest import REPO, nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
 

@@ -12,7 +12,7 @@ from nas import tracking
 from nas.model.io import load_model
 from nas.search.ddp import OutOfSyncError, check_in_sync, train_supernet_ddp
 from nas.builders import prepare_sweep_data
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import train_supernet
 

@@ -11,7 +11,7 @@ from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
 from nas.search.runner import prepare_sweep_data
 from nas.space.space import SearchSpace
-from nas.space.spec import SpecError, parse_spec
+from nas.space import SpecError, parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import anneal_lambda, build_supernet, dropout_rate, soft_cross_entropy, stage_at, train_supernet, \
     word_distill_loss

@@ -39,7 +39,7 @@ def _params_bound(raw: dict) -> float:
     from nas.model.supernet import count_params, extract
     from nas.builders import prepare_sweep_data
     from nas.space.space import SearchSpace
-    from nas.space.spec import parse_spec
+    from nas.space import parse_spec
     from nas.builders import build_supernet
 
     spec = parse_spec(raw)
@@ -117,7 +117,7 @@ def test_starting_points_and_the_params_constraint_reach_optuna_and_mlflow(sweep
     import optuna
 
     from nas.space.space import SearchSpace
-    from nas.space.spec import parse_spec
+    from nas.space import parse_spec
 
     work, env, raw, _ = sweep
     spec = parse_spec(raw)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nas.space.spec import REDACTED, SpecError, load_spec
+from nas.space import REDACTED, SpecError, load_spec
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
 
 SECRET = "pw-7f3a9c1e5b"

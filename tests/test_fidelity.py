@@ -14,7 +14,7 @@ import yaml
 from nas.fidelity import rank_correlation, spread_archs, standalone_model
 from nas.model.supernet import count_params, extract
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 
 

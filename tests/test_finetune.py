@@ -11,7 +11,7 @@ import pytest
 from optuna.trial import TrialState, create_trial
 
 from nas.search.finetune import select_candidates
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
 LATENCY = "latency_ms<=40"
@@ -161,7 +161,7 @@ def test_sweep_fine_tunes_top_k_under_asha_and_a_rerun_replays(multi30k, tmp_pat
     from nas.model.io import load_model
     from nas.search.runner import prepare_sweep_data
     from nas.space.arch import Arch
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     steps, every = 8, 2
     raw = tiny_spec_dict(multi30k, tmp_path, **{

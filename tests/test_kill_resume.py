@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from nas.model.io import load_model
 from nas.search.runner import prepare_sweep_data
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import train_supernet
 

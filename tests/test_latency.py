@@ -14,7 +14,7 @@ from nas.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_d
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 
 MODEL_DIM = 32
 

@@ -296,7 +296,7 @@ def test_extract_equals_the_supernet_for_random_archs_of_each_shipped_space(path
     import random
 
     from nas.space.space import SearchSpace
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
     from trainers import build_supernet
 
     spec = load_spec(path, check_files=False)

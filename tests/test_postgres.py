@@ -86,7 +86,7 @@ def test_storage_password_stays_out_of_tuner_pickle_and_sweep_record(multi30k, t
 
     from nas.search.runner import SweepRecord, _settings, study_ref
     from nas.search.searcher import _REAL_URLS
-    from nas.space.spec import parse_spec
+    from nas.space import parse_spec
 
     spec = parse_spec(tiny_spec_dict(multi30k, tmp_path, tracking={"optuna_storage": "postgresql://nas:s3cret@db:5432/optuna"}))
     ref = study_ref(spec, "tiny-1")
@@ -100,7 +100,7 @@ def test_storage_password_stays_out_of_tuner_pickle_and_sweep_record(multi30k, t
 
 def test_opening_an_unreachable_study_storage_names_the_masked_url(tmp_path):
     from nas.search.searcher import StudyRef
-    from nas.space.spec import SpecError
+    from nas.space import SpecError
 
     with pytest.raises(SpecError, match=r"tracking.optuna_storage: cannot open .* postgresql://nas:\*\*\*@127.0.0.1:1/o") as e:
         StudyRef("s", tmp_path / "j", "postgresql://nas:s3cret@127.0.0.1:1/o").storage()

@@ -49,6 +49,6 @@ def test_autocast_for_runs_matmuls_in_the_chosen_dtype():
 
 
 def test_the_default_train_precision_is_auto():
-    from nas.space.spec import TrainSpec
+    from nas.space import TrainSpec
 
     assert TrainSpec().precision == "auto"

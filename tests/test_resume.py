@@ -132,7 +132,7 @@ def test_resume_of_an_unknown_sweep_and_changed_settings_exit_2(multi30k, tmp_pa
     assert proc.returncode == 2 and "no sweep named 'nope'" in proc.stderr
 
     from nas.search.runner import _sweep_record, _write_record
-    from nas.space.spec import SpecError, load_spec
+    from nas.space import SpecError, load_spec
 
     monkeypatch.chdir(tmp_path)
     spec = load_spec(spec_file)
@@ -157,7 +157,7 @@ def _searcher(multi30k, tmp_path, trials=3, max_concurrent=5):
     from nas.search.searcher import DurableOptunaSearch, StudyRef
     from nas.search.trials import DefineByRun
     from nas.space.space import SearchSpace
-    from nas.space.spec import parse_spec
+    from nas.space import parse_spec
 
     spec = parse_spec(tiny_spec_dict(multi30k, tmp_path, search={"trials": trials, "max_concurrent": max_concurrent,
                                                                   "method": "random"}))

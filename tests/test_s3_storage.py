@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 
 from nas.search.runner import _restorable, _run_config, ray_dir
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
 from tests.test_resume import _completed_trials, _kill
 
@@ -94,7 +94,7 @@ def test_sweep_on_s3_killed_mid_search_resumes_from_the_experiment_in_the_bucket
 
     from nas import tracking
     from nas.search.runner import read_sweep_record, study_ref
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": TRIALS, "max_concurrent": 2, "beam_size": 2,
                                                      "latency_sentences": 2},

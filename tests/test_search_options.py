@@ -16,7 +16,7 @@ import pytest
 from nas.search.searcher import OPTUNA_TRIAL_KEY, DurableOptunaSearch, StudyRef
 from nas.search.trials import DefineByRun, feasibility, score_arch
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_constraint, parse_spec
+from nas.space import parse_constraint, parse_spec
 from tests.conftest import tiny_spec_dict
 
 OBJECTIVES = [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]
@@ -127,7 +127,7 @@ def test_a_point_enqueued_just_before_a_kill_is_asked_once_by_the_next_driver(mu
 @pytest.mark.parametrize("yaml_file", sorted(Path("search_spaces").glob("*.yaml")) or
                          sorted((Path(__file__).parents[1] / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
 def test_reference_points_round_trip_through_optuna_params(yaml_file):
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     space = SearchSpace.from_spec(load_spec(yaml_file, check_files=False))
     for arch in (space.widest(), space.narrowest(), space.middle()):
@@ -137,7 +137,7 @@ def test_reference_points_round_trip_through_optuna_params(yaml_file):
 
 
 def test_a_one_kernel_point_written_as_a_yaml_int_is_its_label():
-    from nas.space.spec import load_spec
+    from nas.space import load_spec
 
     space = SearchSpace.from_spec(load_spec(Path(__file__).parents[1] / "search_spaces" / "prime.yaml", check_files=False))
     name = "encoder.kernels.0"
@@ -220,7 +220,7 @@ def test_measured_latency_with_a_predictor_warns_when_they_differ_by_more_than_2
 def test_a_predictor_for_another_model_dim_is_refused_before_anything_runs(scored, tmp_path):
     import yaml
 
-    from nas.space.spec import SpecError, load_spec
+    from nas.space import SpecError, load_spec
 
     raw, _, _, _, path = scored
     other = {**raw, "supernet": {**raw["supernet"], "model_dim": 64, "ffn_width": 128},
@@ -235,7 +235,7 @@ def test_a_predictor_for_another_model_dim_is_refused_before_anything_runs(score
 def test_a_relative_predictor_path_is_made_absolute_and_only_sweeps_require_it(multi30k, tmp_path, monkeypatch):
     import yaml
 
-    from nas.space.spec import SpecError, load_spec
+    from nas.space import SpecError, load_spec
 
     monkeypatch.chdir(tmp_path)
     raw = tiny_spec_dict(multi30k, tmp_path, search={"latency": "predicted", "latency_predictor": "pred/b1.safetensors"})

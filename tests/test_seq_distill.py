@@ -15,7 +15,7 @@ from nas.model.decode import beam_search
 from nas.model.io import load_model
 from nas.search.runner import prepare_sweep_data
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import build_supernet, train_supernet
 from trainers.seq_distill import keep_distilled_pair, load_distill_targets, write_distill_targets

@@ -11,7 +11,7 @@ import pytest
 
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -1,4 +1,4 @@
-"""Tests for the sweep YAML (nas.space.spec) and the `nas space` / `nas sweep` CLI on bad and good files."""
+"""Tests for the sweep YAML (nas.space.schema, nas.space.loader) and the `nas space` / `nas sweep` CLI on bad and good files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from nas.cli import app
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace, format_count
-from nas.space.spec import SpecError, load_spec
+from nas.space import SpecError, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))

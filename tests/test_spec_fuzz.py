@@ -15,7 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nas.space.spec import SpecError, SweepSpec, load_spec, parse_spec
+from nas.space import SpecError, SweepSpec, load_spec, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 BASES = {p.name: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted((REPO / "search_spaces").glob("*.yaml"))}

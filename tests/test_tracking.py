@@ -16,7 +16,7 @@ EXP = "nas-test"
 
 
 @pytest.fixture(scope="session")
-def _empty_db(tmp_path_factory):
+def empty_mlflow_db(tmp_path_factory):
     """An initialised (migrated) MLflow SQLite DB, copied per test to skip ~1 s of migrations."""
     root = tmp_path_factory.mktemp("mlflow-template")
     with pytest.MonkeyPatch.context() as mp:
@@ -27,8 +27,8 @@ def _empty_db(tmp_path_factory):
 
 
 @pytest.fixture
-def mlflow_uri(tmp_path, monkeypatch, _empty_db):
-    shutil.copyfile(_empty_db, tmp_path / "mlflow.db")
+def mlflow_uri(tmp_path, monkeypatch, empty_mlflow_db):
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)  # default artifact root (./mlruns) lands in tmp_path

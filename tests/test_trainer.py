@@ -9,7 +9,7 @@ import torch
 from nas.data import PreparedData
 from nas.model.io import load_model
 from nas.search.runner import prepare_sweep_data
-from nas.space.spec import parse_spec
+from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import inverse_sqrt_lr, train_supernet
 

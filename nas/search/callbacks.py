@@ -18,7 +18,7 @@ from ray.tune import Callback
 from rich.console import Console
 
 from nas import tracking
-from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, _error_line
+from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, error_line
 
 __all__ = ["MlflowTrialCallback"]
 
@@ -76,7 +76,7 @@ class MlflowTrialCallback(Callback):
     def on_trial_recover(self, iteration: int, trials: list, trial, **info) -> None:
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is not None:
-            error = _error_line(getattr(trial, "error_file", None))
+            error = error_line(getattr(trial, "error_file", None))
             client = tracking.get_client()
             client.set_tag(run_id, "nas.retries", str(trial.num_failures))
             client.set_tag(run_id, "nas.last_error", error[:4000])
@@ -152,7 +152,7 @@ class MlflowTrialCallback(Callback):
         stages = self.stages.pop(trial.trial_id, None)
         if stages is not None:
             stages.close("FAILED")
-        error = _error_line(getattr(trial, "error_file", None))
+        error = error_line(getattr(trial, "error_file", None))
         if run_id is not None and trial.trial_id not in self.done:
             tracking.get_client().set_tag(run_id, tracking.TAG_ERROR, error[:4000])
             tracking.end_run(run_id, "FAILED")

@@ -19,7 +19,7 @@ from typing import Any
 from ray.train.v2.api.callback import UserCallback
 
 from nas.data import PreparedData
-from nas.space.spec import SweepSpec
+from nas.space import SweepSpec
 
 __all__ = ["train_supernet_ddp", "ReportSink", "OutOfSyncError"]
 

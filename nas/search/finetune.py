@@ -2,7 +2,7 @@
 
 Inherited weights rank sub-Transformers cheaply, but a sub-Transformer cropped from the supernet is short of
 what it reaches when trained on its own a little longer (OFA and HAT fine-tune the chosen sub-network after the
-search). With ``search.finetune`` in the YAML (:class:`~nas.space.spec.FinetuneSpec`) a sweep ends with this stage:
+search). With ``search.finetune`` in the YAML (:class:`~nas.space.schema.FinetuneSpec`) a sweep ends with this stage:
 
 1. :func:`select_candidates` picks ``top_k`` COMPLETE Optuna trials: the feasible Pareto front
    (``study.best_trials``, which leaves out trials violating ``search.constraints``), best first by the first
@@ -57,7 +57,7 @@ from nas.search.trials import SweepContext, _supernet
 from nas.search.tune import make_tuner, ray_dir, run_config
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
-from nas.space.spec import FinetuneSpec, SweepSpec
+from nas.space import FinetuneSpec, SweepSpec
 
 __all__ = ["select_candidates", "finetune_trial", "run_finetune_stage", "finetune_counts", "finetune_table",
            "finetune_dir", "is_feasible", "FinetuneCallback", "ROLE", "TAG_STOPPED", "DONE_KEY", "ARCH_KEY",

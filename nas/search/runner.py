@@ -39,7 +39,7 @@ from nas.search.trials import DefineByRun, SweepContext, score_trial, train_tria
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
 from nas.space.space import SearchSpace
-from nas.space.spec import SpecError, SweepSpec
+from nas.space import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
 __all__ = ["run_sweep", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus", "sweep_status", "read_sweep_record", "study_ref", "ray_dir", "results_dir"]

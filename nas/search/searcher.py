@@ -33,7 +33,7 @@ from ray.tune import Callback
 from ray.tune.search import Searcher
 
 from nas.builders import build_sampler
-from nas.space.spec import SearchSpec, SpecError
+from nas.space import SearchSpec, SpecError
 
 __all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
            "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL", "redact_url"]
@@ -226,7 +226,7 @@ class DurableOptunaSearch(Searcher):
                     self._tell(number, trial.last_result or {})
             elif trial.status == "ERROR":
                 if frozen.state in _OPEN:
-                    self._fail(number, _error_line(getattr(trial, "error_file", None)))
+                    self._fail(number, error_line(getattr(trial, "error_file", None)))
             else:
                 self._live.add(trial.trial_id)
         self.synced = True
@@ -340,13 +340,13 @@ class OptunaSync(Callback):
             self.searcher.sync(trials)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        self.searcher.fail(trial.trial_id, _error_line(getattr(trial, "error_file", None)))
+        self.searcher.fail(trial.trial_id, error_line(getattr(trial, "error_file", None)))
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         self.searcher.flush()
 
 
-def _error_line(error_file: str | None) -> str:
+def error_line(error_file: str | None) -> str:
     """The exception line of a Ray trial's error file (its full traceback stays in the file)."""
     try:
         lines = [line for line in Path(error_file).read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -32,7 +32,7 @@ from nas.model.io import atomic_write_text, load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
-from nas.space.spec import SweepSpec
+from nas.space import SweepSpec
 
 __all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "OPTUNA_TRIAL_KEY"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from ray import tune
 from rich.console import Console
 
-from nas.space.spec import SweepSpec
+from nas.space import SweepSpec
 
 __all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from nas.space.arch import LAYOUTS, Arch, StackArch
-from nas.space.spec import Dimension, SweepSpec
+from nas.space.schema import Dimension, SweepSpec
 
 if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
     import optuna

@@ -1,0 +1,169 @@
+"""Reading a sweep YAML from disk: duplicate keys, ``${VAR}`` interpolation, validation, and the checks that
+need more than the YAML (data files, ``points_to_evaluate`` against the space, the latency predictor file).
+
+This is the top of the spec layer: it imports the schema, the search space and the torch-free file checks,
+and nothing imports it back inside ``nas.space``. No torch, Ray, Optuna or MLflow.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from nas.space.datafiles import check_data_files
+from nas.space.errors import SpecError, format_validation_error, key_path
+from nas.space.predictor_file import read_predictor_meta
+from nas.space.schema import SweepSpec
+from nas.space.space import SearchSpace
+
+__all__ = ["load_spec", "parse_spec"]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that rejects a key repeated in one mapping (PyYAML silently keeps the last one, so
+    a second ``space:`` section would drop the first). Keys merged in with ``<<:`` may be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first.line + 1}); keep one of them",
+                    key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_spec(raw: Any, source: str = "<yaml>") -> SweepSpec:
+    """Validate a parsed YAML mapping (no file checks, no interpolation).
+
+    Raises:
+        SpecError: naming each bad key path, one line per problem (:func:`format_validation_error`).
+    """
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: the top level must be a mapping of keys (name, data, supernet, ...)")
+    try:
+        return SweepSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, source, SweepSpec)) from None
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""A ``${VAR}`` reference to an environment variable inside a YAML string."""
+
+
+def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: set[str], source: str) -> Any:
+    """``raw`` with ``${VAR}`` in its string values replaced by the environment's values (added to ``secrets``).
+
+    Raises:
+        SpecError: a referenced variable is not set (names the key path and the variable).
+    """
+    if isinstance(raw, dict):
+        return {k: _interpolate(v, (*loc, k), secrets, source) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_interpolate(v, (*loc, i), secrets, source) for i, v in enumerate(raw)]
+    if not isinstance(raw, str):
+        return raw
+
+    def value(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            raise SpecError(f"{source}: {key_path(loc)}: environment variable {name} is not set; export it "
+                            f"(e.g. in .env) or write the value in the YAML")
+        if os.environ[name]:  # an empty value hides nothing, and replacing "" would mangle every string
+            secrets.add(os.environ[name])
+        return os.environ[name]
+
+    return _ENV_REF.sub(value, raw)
+
+
+def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None) -> SweepSpec:
+    """Read and validate a sweep YAML; nothing is started or written, and torch is not imported.
+
+    String values may reference environment variables as ``${VAR}``; the substituted values are kept on the
+    spec so that :meth:`SweepSpec.redact` hides them wherever the spec is logged.
+
+    Raises:
+        SpecError: unreadable file, malformed YAML (with the line number), a ``${VAR}`` whose variable is not
+            set, an unknown key
+            (with a suggestion), a duplicated key, a wrong type, an impossible space, or
+            (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
+            or empty, or source and target files of a split with different line counts; or
+            (``check_predictor``, default ``check_files``) a ``search.latency_predictor`` that is missing or
+            fitted for another model_dim, batch size or beam; each names the key path.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise SpecError(f"cannot read sweep file {path}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); save the file as UTF-8") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # the safe loader, plus duplicate-key errors
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    secrets: set[str] = set()
+    raw = _interpolate(raw, (), secrets, str(path))
+    spec = parse_spec(raw, str(path)).keep_secrets(secrets)
+    _check_points(spec, str(path))
+    if check_files:
+        check_data_files(spec, str(path))
+    if check_files if check_predictor is None else check_predictor:
+        _check_latency_predictor(spec, str(path))
+    return spec
+
+
+def _check_points(spec: SweepSpec, source: str) -> None:
+    """Every ``search.points_to_evaluate`` mapping names parameters of this space with allowed values.
+
+    Raises:
+        SpecError: naming the point's index and the parameter.
+    """
+    space = SearchSpace.from_spec(spec)
+    for i, point in enumerate(spec.search.points_to_evaluate):
+        if isinstance(point, dict):
+            why = space.check_params(point)
+            if why is not None:
+                raise SpecError(f"{source}: search.points_to_evaluate.{i}: {why}")
+
+
+def _check_latency_predictor(spec: SweepSpec, source: str) -> None:
+    """``search.latency_predictor`` exists and was fitted for this supernet's model_dim, batch size 1 and the
+    search's beam (read without torch: :func:`read_predictor_meta`).
+
+    Raises:
+        SpecError: naming the key, the file and the fix.
+    """
+    path = spec.search.latency_predictor
+    if path is None:
+        return
+    fix = f"write one with `nas latency fit {source} --out {path}`"
+    if not path.is_file():
+        raise SpecError(f"{source}: search.latency_predictor: file not found: {path}; "
+                        f"{fix}")
+    try:
+        meta = read_predictor_meta(path)
+    except Exception as e:  # a file that is not a predictor: any reader error says so
+        raise SpecError(f"{source}: search.latency_predictor: {path} is not a latency predictor ({e}); {fix}") from None
+    model_dim, batch_size, beam_size = meta["model_dim"], meta["batch_size"], meta["beam_size"]
+    if model_dim != spec.supernet.model_dim:
+        raise SpecError(f"{source}: search.latency_predictor: {path} was fitted for model_dim {model_dim}, "
+                        f"but supernet.model_dim is {spec.supernet.model_dim}; {fix}")
+    if (batch_size, beam_size) != (1, spec.search.beam_size):
+        raise SpecError(f"{source}: search.latency_predictor: {path} predicts batch size {batch_size}, "
+                        f"beam {beam_size}, but trials are timed at batch size 1, beam "
+                        f"{spec.search.beam_size} (search.beam_size); {fix} (its default --batch-size is 1)")

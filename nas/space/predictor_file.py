@@ -1,0 +1,110 @@
+"""The file of a fitted latency predictor, read without torch: its JSON sidecar and its weights' header.
+
+``nas latency fit`` writes a predictor as ``<name>.safetensors`` (the MLP's weights) plus ``<name>.json`` (the
+sidecar: format, feature names, standardisation, model_dim, batch size, beam, device, metrics);
+:class:`nas.latency.LatencyPredictor` loads both. A sweep YAML that names a predictor
+(``search.latency_predictor``) is checked with :func:`read_predictor_meta` here, so loading a YAML never
+imports torch (HAT, Wang et al. 2020, sec. 3.3: a predictor is fitted once per device).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STACK_FEATURES", "FEATURE_NAMES", "PREDICTOR_FORMAT", "read_predictor_meta"]
+
+STACK_FEATURES = (
+    "layers",
+    "width_mean", "width_sum",
+    "ffn_width_mean", "ffn_width_sum",
+    "branches_mean", "branches_sum",
+    "paths_mean", "paths_sum",
+    "units_mean", "units_sum",
+    "prime_layers",
+    "kernel_taps",
+    "sequential_dependency_layers",
+    "attention_work",
+    "ffn_work",
+)
+FEATURE_NAMES: tuple[str, ...] = (
+    *(f"encoder.{name}" for name in STACK_FEATURES),
+    *(f"decoder.{name}" for name in STACK_FEATURES),
+    "model_width",
+)
+"""Names of :func:`nas.latency.arch_features`' entries, in order (a saved predictor checks them on load).
+
+Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``ffn_width``
+(F_l, channels), ``branches``, ``paths`` and ``units``; ``prime_layers`` (count);
+``kernel_taps`` (sum of all kernel sizes of all Prime layers); ``sequential_dependency_layers``
+(layers whose MUTE units are chained); ``attention_work`` = sum_l D_l * branches_l * paths_l
+* units_l and ``ffn_work`` = sum_l F_l * paths_l * units_l (channels; the widths the layer's
+matrix products actually run at). Last: ``model_width`` C (channels)."""
+PREDICTOR_FORMAT = "nas-latency-predictor/1"
+"""``format`` key of the JSON sidecar."""
+
+_REQUIRED = ("model_dim", "hidden", "hidden_layers", "batch_size", "beam_size", "feature_mean", "feature_std",
+             "target_mean", "target_std")
+"""Sidecar keys a predictor cannot be loaded without."""
+
+
+def _check_weights_header(path: Path) -> None:
+    """``path`` starts like a safetensors file: an 8-byte little-endian header length, then a JSON object.
+
+    Raises:
+        FileNotFoundError: ``path`` is missing.
+        ValueError: the header is truncated or not a JSON object.
+    """
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise ValueError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
+        (size,) = struct.unpack("<Q", head)
+        header = f.read(size) if size <= 100_000_000 else b""
+    try:
+        parsed = json.loads(header.decode("utf-8")) if len(header) == size else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object of {size} bytes)")
+
+
+def read_predictor_meta(path: str | Path) -> dict[str, Any]:
+    """The sidecar of the predictor whose weights are ``path`` (``path`` with suffix ``.json``), checked.
+
+    Checks: the sidecar is JSON with :data:`PREDICTOR_FORMAT`, the predictor was fitted on this version's
+    :data:`FEATURE_NAMES` (same names, same order), it has every key a predictor needs, and the weights file
+    has a safetensors header.
+
+    Returns:
+        The sidecar mapping: ``model_dim`` (channels), ``batch_size`` (sentences), ``beam_size``,
+        ``hidden``/``hidden_layers`` (MLP), ``feature_mean``/``feature_std``, ``target_mean``/``target_std``
+        (of log milliseconds), ``device``, ``metrics``.
+
+    Raises:
+        FileNotFoundError: the weights or the sidecar is missing.
+        ValueError: the sidecar is not JSON or not a predictor's, it was fitted on other features (refit with
+            ``nas latency fit``), a key is missing, or the weights file is not safetensors.
+    """
+    path = Path(path)
+    sidecar = path.with_suffix(".json")
+    meta = json.loads(sidecar.read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or meta.get("format") != PREDICTOR_FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{sidecar} has format {found!r}, expected {PREDICTOR_FORMAT!r}")
+    names = meta.get("feature_names")
+    if names != list(FEATURE_NAMES):
+        missing = [n for n in FEATURE_NAMES if n not in (names or [])]
+        extra = [n for n in (names or []) if n not in FEATURE_NAMES]
+        raise ValueError(f"predictor {path} was fitted on features {names}; this version computes "
+                         f"{list(FEATURE_NAMES)} (missing: {missing}, unknown: {extra}, or another order); "
+                         f"refit with `nas latency fit`")
+    absent = [k for k in _REQUIRED if k not in meta]
+    if absent:
+        raise ValueError(f"{sidecar} lacks {', '.join(absent)}; refit with `nas latency fit`")
+    _check_weights_header(path)
+    return meta

@@ -1,0 +1,74 @@
+"""MLflow tracking of NAS sweeps: runs, leaderboard queries, Pareto fronts and leaderboard files.
+
+What lives where (callers keep writing ``from nas import tracking; tracking.leaderboard(...)``: every public
+name below is re-exported here and loaded on first use, PEP 562, so ``import nas.tracking`` alone imports no
+mlflow):
+
+- :mod:`nas.tracking.layout`: the run layout (``TAG_*`` names, stage names) and :func:`tracking_uri` (no mlflow).
+- :mod:`nas.tracking.runs`: the MLflow client: experiments, parent/child runs, :class:`StageRuns`, params,
+  metrics, artifacts, resuming and ending runs.
+- :mod:`nas.tracking.rows`: :class:`LeaderboardRow` and the row metrics (no mlflow).
+- :mod:`nas.tracking.pareto`: :class:`Objective`, :func:`parse_objectives`, :func:`pareto_mask` (no mlflow).
+- :mod:`nas.tracking.query`: :func:`leaderboard`, :func:`iter_leaderboard_rows`, :func:`parse_where`
+  (``--where``, the grammar of :mod:`nas.space.constraints`), :func:`pareto_scan`.
+- :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints.
+- :mod:`nas.tracking.writers`: :func:`leaderboard_table` (rich) and :func:`write_leaderboard` (CSV, JSON,
+  Parquet; atomic, :mod:`nas.io`) (no mlflow).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_MODULES = {
+    "layout": ("tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
+               "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
+               "PARAM_CONSTRAINTS"),
+    "runs": ("get_client", "ensure_experiment", "flatten", "start_run", "log_metrics", "log_json_artifact",
+             "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params", "reopen_run",
+             "end_stale_runs", "find_runs"),
+    "rows": ("LeaderboardRow",),
+    "pareto": ("Objective", "DEFAULT_OBJECTIVES", "parse_objectives", "pareto_mask"),
+    "query": ("LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
+              "pareto_scan"),
+    "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives"),
+    "writers": ("leaderboard_table", "write_leaderboard"),
+}
+"""Submodule -> the public names it defines (the package's API)."""
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "Objective", "PARAM_CONSTRAINTS",
+    "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
+    "TAG_OBJECTIVES", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_SWEEP_ID",
+    "TAG_TRIAL_ID", "end_run", "end_stale_runs", "ensure_experiment", "find_runs", "find_sweep_run",
+    "find_tagged_runs", "flatten", "get_client", "iter_leaderboard_rows", "leaderboard", "leaderboard_table",
+    "log_file_artifact", "log_json_artifact", "log_metrics", "log_new_params", "pareto_mask", "pareto_scan",
+    "parse_objectives", "parse_where", "reopen_run", "start_run", "sweep_constraints", "sweep_objectives",
+    "tracking_uri", "write_leaderboard"]
+
+if TYPE_CHECKING:
+    from nas.tracking.layout import (PARAM_CONSTRAINTS, STAGE_NAMES, TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ERROR,
+                                     TAG_OBJECTIVES, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID,
+                                     TAG_TRIAL_ID, tracking_uri)
+    from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives, pareto_mask
+    from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, iter_leaderboard_rows, leaderboard,
+                                    pareto_scan, parse_where)
+    from nas.tracking.rows import LeaderboardRow
+    from nas.tracking.runs import (StageRuns, end_run, end_stale_runs, ensure_experiment, find_runs,
+                                   find_tagged_runs, flatten, get_client, log_file_artifact, log_json_artifact,
+                                   log_metrics, log_new_params, reopen_run, start_run)
+    from nas.tracking.sweeps import find_sweep_run, sweep_constraints, sweep_objectives
+    from nas.tracking.writers import leaderboard_table, write_leaderboard
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'nas.tracking' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"nas.tracking.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

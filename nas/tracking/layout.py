@@ -1,0 +1,42 @@
+"""The MLflow run layout of a sweep and where the runs are: tag and param names, stage names, the tracking URI.
+
+One *sweep* parent run (tags ``nas.sweep_id``, ``nas.role=sweep``), and under it one ``nas.role=supernet``
+child run (with one ``nas.role=stage`` child per training stage) plus one ``nas.role=trial`` child run per
+search trial (tags ``nas.trial_id``, ``nas.arch_id``, ``nas.arch_summary``; metrics ``bleu``, ``chrf``,
+``valid_loss``, ``params_m``, ``latency_ms``; params = the flattened architecture).
+
+Standard library only (no mlflow): :mod:`nas.preflight` reads :func:`tracking_uri` before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
+           "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
+           "PARAM_CONSTRAINTS"]
+
+TAG_ROLE = "nas.role"
+TAG_SWEEP_ID = "nas.sweep_id"
+TAG_TRIAL_ID = "nas.trial_id"
+TAG_ARCH_ID = "nas.arch_id"
+TAG_ARCH_SUMMARY = "nas.arch_summary"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_STAGE = "nas.stage"
+STAGE_NAMES = {1: "joint", 2: "word_distill", 3: "seq_distill"}
+TAG_OPTUNA_TRIAL = "nas.optuna_trial"
+TAG_ERROR = "nas.error"
+TAG_OBJECTIVES = "nas.objectives"
+
+PARAM_CONSTRAINTS = "search.constraints"
+"""Param of a sweep's parent run: its ``search.constraints`` as ``; ``-joined keys (``latency_ms<=40``)."""
+
+
+def tracking_uri() -> str:
+    """The MLflow tracking URI: ``$MLFLOW_TRACKING_URI`` if set (and non-empty), else an
+    absolute SQLite URI ``sqlite:///<cwd>/mlflow.db``."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    return f"sqlite:///{(Path.cwd() / 'mlflow.db').resolve()}"

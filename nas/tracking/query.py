@@ -1,0 +1,267 @@
+"""Leaderboard queries against MLflow: trial rows page by page, the ``--where`` filter, the top rows and the
+Pareto front of a sweep in one scan.
+
+``--where`` uses the comparison language of the YAML's ``search.constraints``
+(:func:`nas.space.constraints.split_comparison`) with ``==``/``!=`` added.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import mlflow
+from mlflow.entities import ViewType
+
+from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison
+from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SWEEP_ID
+from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
+from nas.tracking.rows import LOWER_IS_BETTER, ROW_METRICS, LeaderboardRow
+from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
+
+__all__ = ["LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
+           "pareto_scan"]
+
+
+def _row(run: mlflow.entities.Run) -> LeaderboardRow:
+    m, t = run.data.metrics, run.data.tags
+    return LeaderboardRow(
+        run_id=run.info.run_id,
+        arch=t.get(TAG_ARCH_SUMMARY, ""),
+        **{k: m.get(k) for k in ROW_METRICS},
+        sweep_id=t.get(TAG_SWEEP_ID),
+        arch_id=t.get(TAG_ARCH_ID),
+    )
+
+
+LEADERBOARD_STATUSES = ("FINISHED", "FAILED", "KILLED", "RUNNING", "all")
+"""Values of the ``status`` filter: one MLflow run status, or ``all``."""
+
+_MAX_PAGE = 50_000  # MLflow's limit on max_results
+_WHERE_CLAUSE_OPS = {"<=": "<=", ">=": ">=", "<": "<", ">": ">", "==": "=", "=": "=", "!=": "!="}
+"""``--where`` operator -> MLflow filter operator."""
+
+
+def parse_where(expr: str) -> str:
+    """Turn a constraint ``METRIC OP NUMBER`` (e.g. ``"latency_ms<=40"``; OP one of <=, <, >=, >, ==, !=:
+    :data:`~nas.space.constraints.WHERE_OPS`, parsed by :func:`~nas.space.constraints.split_comparison` as the
+    YAML's ``search.constraints`` are) into an MLflow filter clause (``metrics.`latency_ms` <= 40.0``). Runs
+    lacking the metric never satisfy a constraint on it.
+
+    Raises:
+        ValueError: the expression does not parse, names a metric that is not a row metric, or its
+            value is not a finite number (the message quotes the expression).
+    """
+    name, op, text = split_comparison(expr, WHERE_OPS, example="latency_ms<=40", aliases=("=",))
+    if name not in ROW_METRICS:
+        raise ValueError(f"bad constraint {expr!r}: unknown metric {name!r}; expected one of "
+                         f"{', '.join(ROW_METRICS)}")
+    value = parse_bound(expr, text)
+    return f"metrics.`{name}` {_WHERE_CLAUSE_OPS[op]} {value!r}"
+
+
+def _trial_filter(sweep_id: str | None, status: str, where: Sequence[str]) -> str:
+    if status not in LEADERBOARD_STATUSES:
+        raise ValueError(f"unknown status {status!r}; expected one of {', '.join(LEADERBOARD_STATUSES)}")
+    clauses = tag_filter(**{TAG_ROLE: "trial", TAG_SWEEP_ID: sweep_id})
+    if status != "all":
+        clauses.append(f"attributes.status = '{status}'")
+    clauses.extend(parse_where(w) for w in where)
+    return " AND ".join(clauses)
+
+
+def iter_leaderboard_rows(
+    experiment: str,
+    *,
+    sweep_id: str | None = None,
+    status: str = "FINISHED",
+    where: Sequence[str] = (),
+    metric: str | None = None,
+    ascending: bool | None = None,
+    page_size: int = PAGE_SIZE,
+    limit: int | None = None,
+) -> Iterator[LeaderboardRow]:
+    """Trial runs (``nas.role=trial``) of ``experiment`` as rows, fetched lazily page by page.
+
+    Each page is one ``search_runs`` call of at most ``page_size`` runs (and at most the ``limit``
+    rows still wanted), continued with its ``page_token``; only the current page is held in memory,
+    so a caller that stops iterating stops the queries. Filters run in the tracking store:
+    ``sweep_id`` (tag ``nas.sweep_id``), ``status`` (one of :data:`LEADERBOARD_STATUSES`), and
+    every ``where`` constraint (:func:`parse_where`). With ``metric`` the rows come best first
+    (``ascending`` defaults to True for latency_ms/params_m/valid_loss); runs lacking it come last.
+    Arguments are checked when the function is called, before the first row is asked for.
+
+    Raises:
+        ValueError: unknown status or metric, a bad ``where`` expression, ``page_size`` or
+            ``limit`` < 1.
+        LookupError: no active experiment named ``experiment``.
+    """
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    if metric is not None and metric not in ROW_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
+    filter_string = _trial_filter(sweep_id, status, where)
+    order = None
+    if metric is not None:
+        asc = metric in LOWER_IS_BETTER if ascending is None else ascending
+        order = [f"metrics.`{metric}` {'ASC' if asc else 'DESC'}"]
+    client = get_client()
+    exp_id = experiment_id(client, experiment)
+
+    def pages() -> Iterator[LeaderboardRow]:
+        token, fetched = None, 0
+        while limit is None or fetched < limit:
+            want = page_size if limit is None else min(page_size, limit - fetched)
+            page = client.search_runs([exp_id], filter_string, ViewType.ACTIVE_ONLY, min(want, _MAX_PAGE),
+                                      order_by=order, page_token=token)
+            fetched += len(page)
+            yield from (_row(r) for r in page)
+            token = page.token
+            if not token:
+                return
+
+    return pages()
+
+
+def leaderboard(
+    experiment: str,
+    *,
+    metric: str = "bleu",
+    top: int = 10,
+    ascending: bool | None = None,
+    sweep_id: str | None = None,
+    status: str = "FINISHED",
+    where: Sequence[str] = (),
+    page_size: int = PAGE_SIZE,
+) -> list[LeaderboardRow]:
+    """The best ``top`` trial runs (``nas.role=trial``) of ``experiment`` with ``status``, best first.
+
+    Ordering, filtering and limiting happen in the tracking store (:func:`iter_leaderboard_rows`):
+    no page is requested once ``top`` rows are found. ``ascending`` defaults to True for
+    latency_ms/params_m/valid_loss and False otherwise; runs lacking the metric (or with NaN) come
+    last. ``sweep_id`` restricts to trials tagged with that ``nas.sweep_id``; ``status`` is an MLflow
+    run status or ``all``; ``where`` holds constraints such as ``"latency_ms<=40"``, all of which
+    must hold.
+
+    Raises:
+        ValueError: ``metric`` is not a row metric, ``top`` or ``page_size`` < 1, an unknown status,
+            or a bad ``where`` expression (named).
+        LookupError: no active experiment named ``experiment``.
+    """
+    if metric not in ROW_METRICS:
+        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    rows = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
+                                 ascending=ascending, page_size=page_size, limit=top)
+    return list(itertools.islice(rows, top))
+
+
+@dataclass(frozen=True)
+class ParetoScan:
+    """What :func:`pareto_scan` found. Rows carry ``pareto`` flags."""
+
+    rows: list[LeaderboardRow]
+    """The best ``top`` rows by the ranking metric, best first."""
+    front: list[LeaderboardRow]
+    """Every non-dominated row, best first by the first objective."""
+    scanned: int
+    """Runs that matched the filters."""
+    points: list[tuple[float | None, ...]]
+    """``[scanned][k]`` objective values of every matched run (only with ``keep_points``)."""
+    objectives: tuple[Objective, ...]
+    feasible: list[bool] = dataclasses.field(default_factory=list)
+    """``[scanned]``: whether each kept point satisfies the scan's constraints (only with ``keep_points``)."""
+
+    def front_flags(self) -> list[bool]:
+        """``[scanned]``: whether each kept point is on the front of the feasible points."""
+        flags = pareto_mask([p for p, ok in zip(self.points, self.feasible) if ok],
+                            [o.maximize for o in self.objectives]) if any(self.feasible) else []
+        it = iter(flags)
+        return [next(it) if ok else False for ok in self.feasible]
+
+
+def pareto_scan(
+    experiment: str,
+    objectives: Sequence[Objective] = DEFAULT_OBJECTIVES,
+    *,
+    metric: str | None = None,
+    top: int = 10,
+    sweep_id: str | None = None,
+    status: str = "FINISHED",
+    where: Sequence[str] = (),
+    page_size: int = PAGE_SIZE,
+    keep_points: bool = False,
+    constraints: Sequence[Constraint] = (),
+) -> ParetoScan:
+    """Page through every matching trial run once, keeping only the best ``top`` rows (ranked by
+    ``metric``, default the first objective's metric in its goal's order), the Pareto front so far
+    and, with ``keep_points``, the objective values (k floats per run, for plots).
+
+    The front is updated one page at a time as front(front + page) with :func:`pareto_mask`, so
+    memory holds one page, the front and the top rows, whatever the number of runs.
+    Filters as in :func:`iter_leaderboard_rows`. With ``constraints`` (a sweep's ``search.constraints``, see
+    :func:`sweep_constraints`) only the rows satisfying all of them can be on the front (Optuna's
+    ``study.best_trials`` rule); the others stay in ``rows`` and ``points``.
+
+    Raises:
+        ValueError: no objectives, a repeated or unknown metric, ``top`` < 1, or a bad filter.
+        LookupError: no active experiment named ``experiment``.
+    """
+    objectives = tuple(objectives)
+    if not objectives or len({o.metric for o in objectives}) != len(objectives):
+        raise ValueError(f"objectives must be one or more distinct metrics, got {', '.join(map(str, objectives))}")
+    for o in objectives:
+        if o.metric not in ROW_METRICS:
+            raise ValueError(f"unknown objective metric {o.metric!r}; expected one of {', '.join(ROW_METRICS)}")
+    if top < 1:
+        raise ValueError(f"top must be >= 1, got {top}")
+    metric = metric or objectives[0].metric
+    ascending = None if metric != objectives[0].metric else not objectives[0].maximize
+    maximize = [o.maximize for o in objectives]
+
+    def values(row: LeaderboardRow) -> tuple[float | None, ...]:
+        return tuple(getattr(row, o.metric) for o in objectives)
+
+    rows = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
+                                 ascending=ascending, page_size=page_size)
+    best: list[LeaderboardRow] = []
+    front: list[LeaderboardRow] = []
+    points: list[tuple[float | None, ...]] = []
+    feasible: list[bool] = []
+    scanned = 0
+
+    def ok(row: LeaderboardRow) -> bool:
+        return all(getattr(row, c.metric) is not None and c.violation(getattr(row, c.metric)) <= 0 for c in constraints)
+
+    for page in _chunks(rows, page_size):
+        scanned += len(page)
+        if len(best) < top:
+            best.extend(page[: top - len(best)])
+        if keep_points:
+            points.extend(values(r) for r in page)
+            feasible.extend(ok(r) for r in page)
+        candidates = front + [r for r in page if ok(r)]
+        front = [r for r, on in zip(candidates, pareto_mask([values(r) for r in candidates], maximize)) if on]
+    on_front = {r.run_id for r in front}
+    first = objectives[0]
+    front.sort(key=lambda r: -getattr(r, first.metric) if first.maximize else getattr(r, first.metric))
+    flag = lambda r: dataclasses.replace(r, pareto=r.run_id in on_front)  # noqa: E731
+    return ParetoScan(rows=[flag(r) for r in best], front=[flag(r) for r in front], scanned=scanned,
+                      points=points, objectives=objectives, feasible=feasible)
+
+
+def _chunks(items: Iterator[LeaderboardRow], size: int) -> Iterator[list[LeaderboardRow]]:
+    chunk: list[LeaderboardRow] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+

@@ -1,0 +1,30 @@
+"""A leaderboard row: one finished trial's metrics (no mlflow; :mod:`nas.tracking.query` fills them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LeaderboardRow", "ROW_METRICS", "LOWER_IS_BETTER"]
+
+ROW_METRICS = ("bleu", "chrf", "params_m", "latency_ms", "valid_loss")
+"""The metrics a row carries (the columns after ``arch``), in the order error messages list them."""
+LOWER_IS_BETTER = frozenset({"latency_ms", "params_m", "valid_loss"})
+"""Row metrics that rank ascending."""
+
+
+@dataclass(frozen=True)
+class LeaderboardRow:
+    """One finished trial. Metric units: BLEU and chrF in [0, 100], ``params_m`` in millions of
+    parameters, ``latency_ms`` in milliseconds; ``None`` where the run lacks the metric."""
+
+    run_id: str
+    arch: str
+    bleu: float | None
+    chrf: float | None
+    params_m: float | None
+    latency_ms: float | None
+    valid_loss: float | None
+    sweep_id: str | None
+    arch_id: str | None
+    pareto: bool | None = None
+    """On the Pareto front of the trials scanned (:func:`pareto_scan`); ``None`` where not computed."""

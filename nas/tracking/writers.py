@@ -1,0 +1,87 @@
+"""Leaderboard output: a terminal table (rich) and CSV / JSON / Parquet files written atomically (:mod:`nas.io`)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nas.io import atomic_path
+from nas.tracking.rows import LeaderboardRow
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = ["LEADERBOARD_FORMATS", "leaderboard_table", "write_leaderboard"]
+
+LEADERBOARD_FORMATS = ("csv", "json", "parquet")
+"""File formats of :func:`write_leaderboard`."""
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.{digits}f}"
+
+
+def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
+    """A :class:`rich.table.Table` with columns rank, run id (first 8 chars), arch, BLEU, chrF,
+    params (M), latency (ms); missing metrics shown as ``-``. When any row has a ``pareto`` flag,
+    a last column ``front`` marks the non-dominated rows with ``*``."""
+    from rich.table import Table
+
+    table = Table(title=title or None)
+    table.add_column("rank", justify="right")
+    table.add_column("run id", style="dim")
+    table.add_column("arch", overflow="fold")
+    for name in ("BLEU", "chrF", "params (M)", "latency (ms)"):
+        table.add_column(name, justify="right")
+    marked = any(r.pareto is not None for r in rows)
+    if marked:
+        table.add_column("front", justify="center")
+    for i, r in enumerate(rows, 1):
+        cells = [str(i), r.run_id[:8], r.arch,
+                 _fmt(r.bleu), _fmt(r.chrf), _fmt(r.params_m), _fmt(r.latency_ms)]
+        table.add_row(*cells, *(["*" if r.pareto else ""] if marked else []))
+    return table
+
+
+def write_leaderboard(rows: list[LeaderboardRow], fmt: str, out: str | Path) -> Path:
+    """Write ``rows`` to ``out`` as ``fmt`` and return the path (parent dirs created).
+
+    csv: header = :class:`LeaderboardRow` field names, ``None`` as an empty cell. json: a list of
+    objects (``None`` as null, NaN as ``NaN``). parquet: one typed column per field (pyarrow).
+    The file is written atomically (:func:`nas.io.atomic_path`: a temporary sibling, fsync, ``os.replace``).
+
+    Raises:
+        ValueError: ``fmt`` is not one of csv, json, parquet.
+    """
+    if fmt not in LEADERBOARD_FORMATS:
+        raise ValueError(f"unknown leaderboard format {fmt!r}; expected one of {', '.join(LEADERBOARD_FORMATS)}")
+    out = Path(out)
+    names = [f.name for f in dataclasses.fields(LeaderboardRow)]
+    records = [dataclasses.asdict(r) for r in rows]
+    with atomic_path(out) as tmp:  # a temporary sibling, fsync-ed, then os.replace (mode 0644)
+        if fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            types = {"run_id": pa.string(), "arch": pa.string(), "sweep_id": pa.string(),
+                     "arch_id": pa.string(), "pareto": pa.bool_()}
+            schema = pa.schema([(n, types.get(n, pa.float64())) for n in names])
+            pq.write_table(pa.Table.from_pylist(records, schema=schema), str(tmp))
+        else:
+            with open(tmp, "w", newline="", encoding="utf-8") as f:
+                if fmt == "csv":
+                    writer = csv.DictWriter(f, fieldnames=names)
+                    writer.writeheader()
+                    writer.writerows(records)
+                else:
+                    json.dump(records, f, indent=2)
+                    f.write("\n")
+    return out
