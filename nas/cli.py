@@ -1,10 +1,13 @@
 """``nas``: sweep, train, average, leaderboard, report, export, translate, fidelity, space, latency.
 
-Bad input (a YAML error, a missing file, an unknown run) prints one clear message and
-exits with code 2, before anything starts.
+Bad input (a :class:`nas.errors.NasError`: a YAML error, a missing file, an unknown run) prints one
+clear message and exits with code 2, before anything starts; any other exception is a bug and keeps
+its traceback (exit code 1).
 """
 
 from __future__ import annotations
+
+from nas.errors import NasError, NotFoundError
 
 import json
 import os
@@ -20,6 +23,7 @@ from rich.markup import escape
 # The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
 # only cluttered the tables that leaderboard, report and export print.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
@@ -71,19 +75,18 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     except BackendError as e:
         _fail(str(e))
     from nas import tracking
-    from nas.data import DataError
     from nas.search import SweepFailed, run_sweep, sweep_status
     from nas.space import SpecError
 
     if status:
         try:
             out.print("\n".join(sweep_status(spec).lines()), markup=False, highlight=False, soft_wrap=True)
-        except (LookupError, SpecError) as e:
+        except (NotFoundError, SpecError) as e:
             _fail(str(e))
         return
     try:
         result = run_sweep(spec, file or spec.run_dir / "sweep.yaml", address=address, resume=bool(resume))
-    except (SpecError, DataError, ValueError) as e:
+    except NasError as e:
         _fail(str(e))
     except SweepFailed as e:
         _fail(str(e), code=1)
@@ -147,7 +150,7 @@ def average(supernet_dir: Path = typer.Argument(..., help="Supernet folder writt
 
     try:
         path = average_checkpoints(supernet_dir, last, out_dir)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, NasError) as e:
         _fail(str(e))
     steps = json.loads((path / "average.json").read_text())["steps"]
     out.print(f"averaged {len(steps)} snapshots of {escape(str(supernet_dir))} (steps {', '.join(map(str, steps))}) "
@@ -182,7 +185,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
             if sweep_id:  # the sweep's search.constraints: only feasible trials can be on its front
                 try:
                     parent = tracking.find_sweep_run(sweep_id, experiment)
-                except LookupError:
+                except NotFoundError:
                     if not objectives:  # the sweep's objectives are read from its parent run
                         raise
                     err.print(f"[yellow]warning:[/yellow] sweep {escape(sweep_id)} has no parent run in "
@@ -196,7 +199,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
             else:
                 objs = tracking.DEFAULT_OBJECTIVES
             if plot_file is not None and len(objs) != 2:
-                raise ValueError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
+                raise NasError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
             scan = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                         where=where or (), page_size=page_size, keep_points=plot_file is not None,
                                         constraints=constraints)
@@ -204,7 +207,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         else:
             rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                         where=where or (), page_size=page_size)
-    except (LookupError, ValueError) as e:
+    except NasError as e:
         _fail(str(e))
     if scan is not None and plot_file is not None:
         from nas.plots import write_pareto_plot
@@ -222,7 +225,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         _fail(f"--format {fmt} needs --out FILE")
     try:
         path = tracking.write_leaderboard(rows, fmt, out_file)
-    except ValueError as e:
+    except NasError as e:
         _fail(str(e))
     out.print(f"wrote {len(rows)} rows to {path}")
 
@@ -243,7 +246,7 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     try:
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study)
-    except (LookupError, ValueError) as e:
+    except NasError as e:
         _fail(str(e))
     paths = write_report(rep, out_file or Path(f"report-{sweep_id}.{fmt}"), fmt)
     out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
@@ -260,7 +263,7 @@ def _latest_experiment() -> str:
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise LookupError(f"no sweep found at {tracking.tracking_uri()}; run `nas sweep FILE` first or pass --experiment")
+        raise NotFoundError(f"no sweep found at {tracking.tracking_uri()}; run `nas sweep FILE` first or pass --experiment")
     return client.get_experiment(runs[0].info.experiment_id).name
 
 
@@ -291,11 +294,11 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
         if best:
             rows = tracking.leaderboard(experiment or _latest_experiment(), metric=metric, top=1, where=where or ())
             if not rows:
-                raise LookupError("no finished trial " + (f"meeting {' and '.join(where)} " if where else "")
+                raise NotFoundError("no finished trial " + (f"meeting {' and '.join(where)} " if where else "")
                                   + "to export; run `nas sweep FILE` first" + (" or relax --where" if where else ""))
             run_id = rows[0].run_id
         run = client.get_run(run_id)
-    except (LookupError, ValueError) as e:
+    except NasError as e:
         _fail(str(e))
     except Exception as e:  # mlflow raises MlflowException for an unknown run id
         _fail(f"cannot read MLflow run {run_id!r}: {e}")
@@ -306,7 +309,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     try:
         path = export_arch(tags["nas.supernet_dir"], Path(tags["nas.data_dir"]) / "spm.model", arch, out_dir,
                            beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
     out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
     if onnx:
@@ -342,7 +345,7 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
     try:
         logged = log_translator(path, experiment=experiment, register=name, source_run_id=run.info.run_id,
                                 input_example=example)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, NasError) as e:
         _fail(str(e))
     except mlflow.MlflowException as e:
         _fail(f"cannot register MLflow model {name!r}: {e.message}")
@@ -434,7 +437,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
                                  device=measured[0]["device"])
     try:
         metrics = predictor.fit(measured, seed=seed)
-    except ValueError as e:
+    except NasError as e:
         _fail(str(e))
     target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
     predictor.save(target)
@@ -465,7 +468,6 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
     from rich.table import Table
 
     from nas import tracking
-    from nas.data import DataError
     from nas.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
     from nas.builders import prepare_sweep_data
 
@@ -473,7 +475,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
         check_supernet(spec, file)
         data = prepare_sweep_data(spec)
         result = run_fidelity(spec, data, k=k, steps=steps, metric=metric, seed=seed, out_dir=out_dir)
-    except (FileNotFoundError, DataError, ValueError) as e:
+    except (FileNotFoundError, NasError) as e:
         _fail(str(e))
     table = Table(title=f"{spec.name}: ranking fidelity ({metric}, {result.steps} standalone steps)")
     for col, justify in (("arch", "left"), ("params (M)", "right"), ("inherited", "right"), ("standalone", "right")):

@@ -10,7 +10,7 @@ This module imports nothing from ``nas``: every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["NasError"]
+__all__ = ["NasError", "NotFoundError"]
 
 
 class NasError(ValueError):
@@ -20,3 +20,7 @@ class NasError(ValueError):
     the CLI catches :class:`NasError` only, so a plain ``ValueError`` raised by a bug is reported
     as a bug (traceback, exit 1), not as bad input.
     """
+
+
+class NotFoundError(NasError, LookupError):
+    """A run, sweep, experiment or trial the user named does not exist (names it and how to create it)."""

@@ -9,6 +9,8 @@ on an AVX2-only AMD EPYC (this project's CI machines) a 2048x512 @ 512x2048 forw
 
 from __future__ import annotations
 
+from nas.errors import NasError
+
 import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
@@ -50,7 +52,7 @@ def resolve_precision(precision: str, device: str | torch.device) -> str:
         ValueError: an unknown precision (names it and the choices).
     """
     if precision not in ("auto", "bf16", "fp32"):
-        raise ValueError(f"train.precision {precision!r}: expected auto, bf16 or fp32")
+        raise NasError(f"train.precision {precision!r}: expected auto, bf16 or fp32")
     native = bf16_native(device)
     if precision == "auto":
         return "bf16" if native else "fp32"

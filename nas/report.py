@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nas.errors import NasError
 from nas.model.io import atomic_write_bytes
 from nas import tracking
 from nas.plots import pareto_png
@@ -37,7 +38,7 @@ TAG_STUDY_NAME = "nas.study_name"
 _JOURNAL = "optuna.journal"
 
 
-class ImportanceError(ValueError):
+class ImportanceError(NasError):
     """Parameter importances cannot be computed (no study found, or too few completed trials)."""
 
 
@@ -318,7 +319,7 @@ def write_report(rep: SweepReport, out: str | Path, fmt: str = "html") -> list[P
         ValueError: ``fmt`` is not html or md.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        raise NasError(f"unknown report format {fmt!r}; expected one of {', '.join(FORMATS)}")
     out = Path(out)
     if fmt == "html":
         atomic_write_bytes(out, render_html(rep).encode("utf-8"))

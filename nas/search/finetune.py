@@ -46,6 +46,7 @@ from ray.tune.schedulers import ASHAScheduler
 from rich.console import Console
 from rich.table import Table
 
+from nas.errors import NasError
 from nas import tracking
 from nas.evaluate import valid_loss
 from nas.fidelity import score_model, train_standalone
@@ -84,7 +85,7 @@ def finetune_dir(spec: SweepSpec) -> Path:
 
 def _finetune_spec(spec: SweepSpec) -> FinetuneSpec:
     if spec.search.finetune is None:
-        raise ValueError("search.finetune is not set: add e.g. `finetune: {top_k: 4, steps: 200}` under search")
+        raise NasError("search.finetune is not set: add e.g. `finetune: {top_k: 4, steps: 200}` under search")
     return spec.search.finetune
 
 

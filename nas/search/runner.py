@@ -30,6 +30,7 @@ import ray
 from ray import tune
 from rich.console import Console
 
+from nas.errors import NotFoundError
 from nas import tracking
 from nas.builders import prepare_sweep_data
 from nas.plots import log_pareto_plot
@@ -469,7 +470,7 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
     run_dir = spec.run_dir.resolve()
     record = read_sweep_record(run_dir)
     if record is None:
-        raise LookupError(f"sweep {spec.name!r} has not started: no {run_dir / SWEEP_FILE}")
+        raise NotFoundError(f"sweep {spec.name!r} has not started: no {run_dir / SWEEP_FILE}")
     ref = study_ref(spec, record.sweep_id)
     try:
         optuna_counts = dict(Counter(t.state.name for t in ref.load().get_trials(deepcopy=False)))

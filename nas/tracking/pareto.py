@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nas.errors import NasError
 from nas.tracking.rows import ROW_METRICS
 
 __all__ = ["Objective", "DEFAULT_OBJECTIVES", "parse_objectives", "pareto_mask"]
@@ -45,13 +46,13 @@ def parse_objectives(text: str) -> tuple[Objective, ...]:
         name, sep, goal = item.partition(":")
         name, goal = name.strip(), goal.strip().lower()
         if not sep or goal not in goals:
-            raise ValueError(f"bad objective {item!r} in {text!r}: expected METRIC:max or METRIC:min "
+            raise NasError(f"bad objective {item!r} in {text!r}: expected METRIC:max or METRIC:min "
                              "(e.g. 'bleu:max,latency_ms:min')")
         if name not in ROW_METRICS:
-            raise ValueError(f"bad objective {item!r}: unknown metric {name!r}; expected one of "
+            raise NasError(f"bad objective {item!r}: unknown metric {name!r}; expected one of "
                              f"{', '.join(ROW_METRICS)}")
         if any(o.metric == name for o in out):
-            raise ValueError(f"bad objectives {text!r}: {name!r} appears twice")
+            raise NasError(f"bad objectives {text!r}: {name!r} appears twice")
         out.append(Objective(name, goals[goal]))
     return tuple(out)
 

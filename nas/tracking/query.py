@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import mlflow
 from mlflow.entities import ViewType
 
+from nas.errors import NasError
 from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison
 from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
@@ -56,7 +57,7 @@ def parse_where(expr: str) -> str:
     """
     name, op, text = split_comparison(expr, WHERE_OPS, example="latency_ms<=40", aliases=("=",))
     if name not in ROW_METRICS:
-        raise ValueError(f"bad constraint {expr!r}: unknown metric {name!r}; expected one of "
+        raise NasError(f"bad constraint {expr!r}: unknown metric {name!r}; expected one of "
                          f"{', '.join(ROW_METRICS)}")
     value = parse_bound(expr, text)
     return f"metrics.`{name}` {_WHERE_CLAUSE_OPS[op]} {value!r}"
@@ -64,7 +65,7 @@ def parse_where(expr: str) -> str:
 
 def _trial_filter(sweep_id: str | None, status: str, where: Sequence[str]) -> str:
     if status not in LEADERBOARD_STATUSES:
-        raise ValueError(f"unknown status {status!r}; expected one of {', '.join(LEADERBOARD_STATUSES)}")
+        raise NasError(f"unknown status {status!r}; expected one of {', '.join(LEADERBOARD_STATUSES)}")
     clauses = tag_filter(**{TAG_ROLE: "trial", TAG_SWEEP_ID: sweep_id})
     if status != "all":
         clauses.append(f"attributes.status = '{status}'")
@@ -103,7 +104,7 @@ def iter_leaderboard_rows(
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
     if metric is not None and metric not in ROW_METRICS:
-        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
+        raise NasError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
     filter_string = _trial_filter(sweep_id, status, where)
     order = None
     if metric is not None:
@@ -153,9 +154,9 @@ def leaderboard(
         LookupError: no active experiment named ``experiment``.
     """
     if metric not in ROW_METRICS:
-        raise ValueError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
+        raise NasError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
     if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+        raise NasError(f"top must be >= 1, got {top}")
     rows = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
                                  ascending=ascending, page_size=page_size, limit=top)
     return list(itertools.islice(rows, top))
@@ -214,12 +215,12 @@ def pareto_scan(
     """
     objectives = tuple(objectives)
     if not objectives or len({o.metric for o in objectives}) != len(objectives):
-        raise ValueError(f"objectives must be one or more distinct metrics, got {', '.join(map(str, objectives))}")
+        raise NasError(f"objectives must be one or more distinct metrics, got {', '.join(map(str, objectives))}")
     for o in objectives:
         if o.metric not in ROW_METRICS:
-            raise ValueError(f"unknown objective metric {o.metric!r}; expected one of {', '.join(ROW_METRICS)}")
+            raise NasError(f"unknown objective metric {o.metric!r}; expected one of {', '.join(ROW_METRICS)}")
     if top < 1:
-        raise ValueError(f"top must be >= 1, got {top}")
+        raise NasError(f"top must be >= 1, got {top}")
     metric = metric or objectives[0].metric
     ascending = None if metric != objectives[0].metric else not objectives[0].maximize
     maximize = [o.maximize for o in objectives]

@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow
 from mlflow.entities import ViewType
 
+from nas.errors import NotFoundError
 from nas.space.constraints import Constraint, parse_constraint
 from nas.tracking.layout import PARAM_CONSTRAINTS, TAG_OBJECTIVES, TAG_ROLE, TAG_SWEEP_ID, tracking_uri
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives
@@ -34,7 +35,7 @@ def find_sweep_run(sweep_id: str, experiment: str | None = None) -> mlflow.entit
                               order_by=["attributes.start_time DESC"]) if exp_ids else []
     if not runs:
         where = f"experiment {experiment!r}" if experiment else "any experiment"
-        raise LookupError(f"no sweep with nas.sweep_id {sweep_id!r} in {where} at {tracking_uri()}; "
+        raise NotFoundError(f"no sweep with nas.sweep_id {sweep_id!r} in {where} at {tracking_uri()}; "
                           "list sweeps with `nas leaderboard` or check --experiment")
     return runs[0]
 

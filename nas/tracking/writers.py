@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nas.errors import NasError
 from nas.io import atomic_path
 from nas.tracking.rows import LeaderboardRow
 
@@ -62,7 +63,7 @@ def write_leaderboard(rows: list[LeaderboardRow], fmt: str, out: str | Path) -> 
         ValueError: ``fmt`` is not one of csv, json, parquet.
     """
     if fmt not in LEADERBOARD_FORMATS:
-        raise ValueError(f"unknown leaderboard format {fmt!r}; expected one of {', '.join(LEADERBOARD_FORMATS)}")
+        raise NasError(f"unknown leaderboard format {fmt!r}; expected one of {', '.join(LEADERBOARD_FORMATS)}")
     out = Path(out)
     names = [f.name for f in dataclasses.fields(LeaderboardRow)]
     records = [dataclasses.asdict(r) for r in rows]
