@@ -7,7 +7,6 @@ its traceback (exit code 1).
 
 from __future__ import annotations
 
-from nas.errors import NasError, NotFoundError
 
 import json
 import os
@@ -19,6 +18,8 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
+
+from nas.errors import NasError, NotFoundError
 
 # The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
 # only cluttered the tables that leaderboard, report and export print.
