@@ -111,7 +111,7 @@ def test_a_stored_result_is_replayed_and_one_of_another_sweep_is_not(multi30k, t
     def load_supernet(directory: str):
         raise LookupError(f"would train: loads {directory}")
 
-    monkeypatch.setattr(finetune, "_supernet", load_supernet)
+    monkeypatch.setattr(finetune, "load_supernet", load_supernet)
     finetune.finetune_trial(config, ctx=ctx)
     assert reports == [result]
     with pytest.raises(LookupError, match="would train"):  # a file another sweep in this folder left

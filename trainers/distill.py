@@ -17,9 +17,9 @@ The losses are pure functions on logits ``[b, t, V]``, summed over non-pad targe
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
