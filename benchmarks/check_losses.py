@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def _imports():
     try:  # the builder layer (after issue 13)
         from nas.builders import prepare_sweep_data
-        from nas.space.spec import load_spec
+        from nas.space import load_spec
         from trainers import train_supernet
     except ImportError:  # before it
-        from nas.search.runner import prepare_sweep_data
+        from nas.builders import prepare_sweep_data
         from nas.space.spec import load_spec
         from trainers import train_supernet
     return load_spec, prepare_sweep_data, train_supernet

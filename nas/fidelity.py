@@ -17,10 +17,10 @@ the next arch not trained yet. The summary goes to ``<out>/fidelity.json`` and t
 role ``fidelity`` in the sweep's experiment (metrics ``kendall_tau``, ``spearman_rho``; the scatter
 plot ``fidelity.png`` and the per-arch table ``fidelity_table.json`` as artifacts).
 
-Standalone training repeats ``train.*`` for one sub-Transformer: the same batches (``max_tokens``,
-``accumulate``, the data order of ``train.seed``), Adam with the inverse-square-root schedule, label
-smoothing, gradient clipping, drop-branch, width dropout and precision; only the sandwich rule is gone
-(one arch per step). Its model is freshly initialised by the modules' own initialisers at the arch's
+Standalone training (:func:`trainers.train_standalone`, re-exported here) repeats ``train.*`` for one
+sub-Transformer: the same batches (``max_tokens``, ``accumulate``, the data order of ``train.seed``), Adam
+with the inverse-square-root schedule, label smoothing, gradient clipping, drop-branch, width dropout and
+precision; only the sandwich rule is gone (one arch per step). Its model is freshly initialised by the modules' own initialisers at the arch's
 own sizes (not a crop of a fresh supernet, whose fan-in scales are the widest's).
 """
 
@@ -32,27 +32,30 @@ import json
 import math
 import random
 import sys
-import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from itertools import count
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
-from nas.data import Batch, PreparedData, TokenBatcher
+from nas.data import PreparedData
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_bytes, atomic_write_text, load_model
-from nas.precision import autocast_for, resolve_precision
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
-from nas.space.spec import SweepSpec
-from trainers.loop import _groups, _sandwich_step, drop_branch_at, inverse_sqrt_lr
+from nas.space import SweepSpec
+from trainers.standalone import train_standalone
 
 __all__ = ["METRICS", "TAU_WARNING", "Correlation", "FidelityResult", "spread_archs", "rank_correlation",
            "supernet_dir", "check_supernet", "score_model", "standalone_model", "train_standalone", "run_fidelity",
@@ -238,77 +241,6 @@ def standalone_model(supernet: SuperTransformer, arch: Arch, *, seed: int) -> Su
     config = extract(supernet, arch).config()
     torch.manual_seed(seed)
     return SuperTransformer.from_config(config).train()
-
-
-def _batch_groups(batcher: TokenBatcher, size: int) -> Iterator[list[Batch]]:
-    """Endless groups of ``size`` consecutive batches, epoch after epoch (train_supernet's grouping)."""
-    for epoch in count():
-        yield from _groups(batcher.batches(epoch), size)
-
-
-def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data: PreparedData, steps: int, *,
-                     device: torch.device | str = "cpu",
-                     on_step: Callable[[int, float], None] | None = None,
-                     lr: float | None = None, warmup_steps: int | None = None,
-                     eval_every: int | None = None, on_eval: Callable[[int], None] | None = None) -> dict[str, float]:
-    """Train ``model`` (a standalone model of ``arch``, or one extracted with inherited weights) for ``steps``
-    optimizer steps as ``train.*`` trains the supernet, with ``arch`` alone in each step (see the module
-    docstring); leaves it in eval mode.
-
-    Args:
-        on_step: called after each step with (step, label-smoothed loss per target token).
-        lr: peak learning rate (default ``train.lr``).
-        warmup_steps: linear warm-up steps of the inverse-square-root schedule (default ``train.warmup_steps``;
-            0: the peak rate from the first step, no decay).
-        eval_every: call ``on_eval`` every this many steps and after the last one (None: never).
-        on_eval: called with the step number, the model in eval mode and no autograd (put back in training mode
-            afterwards).
-
-    Returns:
-        ``train_loss`` (label-smoothed cross-entropy per target token, nats, mean of the last 50 steps) and
-        ``train_seconds``.
-
-    Raises:
-        FloatingPointError: a non-finite gradient norm (names the step and the arch).
-    """
-    tr = spec.train
-    device = torch.device(device)
-    model.to(device).train()
-    warmup_steps = tr.warmup_steps if warmup_steps is None else warmup_steps
-    optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr if lr is None else lr, betas=(0.9, 0.98), eps=1e-8,
-                                 weight_decay=tr.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(warmup_steps) if warmup_steps > 0
-                                                  else lambda step: 1.0)
-    train_src, train_tgt = data.load_split("train")
-    groups = _batch_groups(TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed), tr.accumulate)
-    autocast = autocast_for(resolve_precision(tr.precision, device), device)
-    losses: list[float] = []
-    t0 = time.perf_counter()
-    for step in range(1, steps + 1):
-        group = next(groups)
-        ntokens = sum(b.ntokens for b in group)
-        model.drop_branch = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, step - 1)
-        optimizer.zero_grad(set_to_none=True)
-        out = _sandwich_step(model, [b.to(device) for b in group], [arch], None, spec, autocast, ntokens)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"non-finite gradient norm at standalone step {step} of {arch.summary()}; "
-                                     f"lower train.lr")
-        optimizer.step()
-        model.renormalize_autoshuffle_()  # MUTE eq. 17-18
-        scheduler.step()
-        losses.append(out["widest"])
-        if on_step is not None:
-            on_step(step, out["widest"])
-        if on_eval is not None and eval_every and (step % eval_every == 0 or step == steps):
-            model.eval()
-            with torch.no_grad():
-                on_eval(step)
-            model.train()
-    model.drop_branch = tr.drop_branch
-    model.eval()
-    tail = losses[-50:]
-    return {"train_loss": sum(tail) / max(len(tail), 1), "train_seconds": time.perf_counter() - t0}
 
 
 # --------------------------------------------------------------------------- the measurement

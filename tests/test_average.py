@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from nas.cli import app
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict

@@ -9,13 +9,15 @@ from torch import nn
 
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import SpecError, parse_spec
 from tests.conftest import tiny_spec_dict
-from trainers import anneal_lambda, build_supernet, dropout_rate, soft_cross_entropy, stage_at, train_supernet, \
+from nas.builders import build_supernet
+from trainers import anneal_lambda, dropout_rate, soft_cross_entropy, stage_at, train_supernet, \
     word_distill_loss
 import trainers.loop
+import trainers.stages.sandwich
 
 TWO_STAGES = [{"name": "joint", "steps": 3},
               {"name": "word_distill", "steps": 3, "lambda_start": 1.0, "lambda_end": 0.5, "lambda_steps": 2}]
@@ -292,7 +294,7 @@ def test_word_distill_teaches_with_the_widest_logits_of_the_same_step(prepared, 
         return word_distill_loss(logits, teacher_logits, *args)
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
-    monkeypatch.setattr(trainers.loop, "word_distill_loss", spying_loss)
+    monkeypatch.setattr(trainers.stages.sandwich, "word_distill_loss", spying_loss)
     train_supernet(spec, data, tmp_path, progress=False)
     assert len(forwards) == 2 * 3 and len(teachers) == 2 * 2  # widest, narrowest, 1 sampled; 2 students
     widest = SearchSpace.from_spec(spec).widest()

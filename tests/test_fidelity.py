@@ -30,7 +30,7 @@ def _restore_threads():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(spec, freshly initialised supernet, space) of the tiny sweep; nothing trained."""
-    from trainers import build_supernet
+    from nas.builders import build_supernet
 
     work = tmp_path_factory.mktemp("fidelity_space")
     spec = parse_spec(tiny_spec_dict(work, work), "tiny")
@@ -101,7 +101,7 @@ def test_standalone_model_has_the_extracted_shapes_but_fresh_weights(tiny):
 def _tiny_trained(multi30k, work):
     """A tiny sweep YAML (fp32, max_tokens 128, 4 validation sentences, greedy scoring) whose supernet is trained
     for 4 steps in place: untrained models translate up to the length limit, so scoring dominates the time."""
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from trainers import train_supernet
 
     raw = tiny_spec_dict(multi30k, work, **{"train.steps": 4, "train.max_tokens": 128, "train.precision": "fp32",

@@ -111,7 +111,7 @@ def test_a_stored_result_is_replayed_and_one_of_another_sweep_is_not(multi30k, t
     def load_supernet(directory: str):
         raise LookupError(f"would train: loads {directory}")
 
-    monkeypatch.setattr(finetune, "_supernet", load_supernet)
+    monkeypatch.setattr(finetune, "load_supernet", load_supernet)
     finetune.finetune_trial(config, ctx=ctx)
     assert reports == [result]
     with pytest.raises(LookupError, match="would train"):  # a file another sweep in this folder left
@@ -159,7 +159,7 @@ def test_sweep_fine_tunes_top_k_under_asha_and_a_rerun_replays(multi30k, tmp_pat
 
     from nas.evaluate import valid_loss
     from nas.model.io import load_model
-    from nas.search.runner import prepare_sweep_data
+    from nas.builders import prepare_sweep_data
     from nas.space.arch import Arch
     from nas.space import load_spec
 

@@ -13,7 +13,7 @@ import yaml
 from mlflow import MlflowClient
 
 from nas.model.io import load_model
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import train_supernet

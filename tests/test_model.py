@@ -297,7 +297,7 @@ def test_extract_equals_the_supernet_for_random_archs_of_each_shipped_space(path
 
     from nas.space.space import SearchSpace
     from nas.space import load_spec
-    from trainers import build_supernet
+    from nas.builders import build_supernet
 
     spec = load_spec(path, check_files=False)
     space = SearchSpace.from_spec(spec)

@@ -13,14 +13,23 @@ import torch
 from nas.data import EOS_ID, TokenBatcher, collate
 from nas.model.decode import beam_search
 from nas.model.io import load_model
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
-from trainers import build_supernet, train_supernet
+from nas.builders import build_supernet
+from trainers import train_supernet
 from trainers.seq_distill import keep_distilled_pair, load_distill_targets, write_distill_targets
 import trainers.loop
+import trainers.regularization
 import trainers.seq_distill
+import trainers.stages.joint
+import trainers.stages.seq_distill
+import trainers.stages.word_distill
+from trainers.stages import sandwich_step
+
+STAGE_MODULES = (trainers.stages.joint, trainers.stages.word_distill, trainers.stages.seq_distill)
+"""The supernet stages' modules: each calls ``sandwich_step`` by the name it imported."""
 
 THREE_STAGES = [{"name": "joint", "steps": 3}, {"name": "word_distill", "steps": 2},
                 {"name": "seq_distill", "steps": 3, "max_sentences": 40, "beam_size": 2, "batch_size": 16}]
@@ -120,17 +129,15 @@ def three_stage_run(prepared, tmp_path_factory):
     raw, data = prepared
     out = tmp_path_factory.mktemp("three_stages")
     reports, targets = [], []
-    real = trainers.loop._sandwich_step
 
     def spying_step(model, batches, archs, lam, *args, **kwargs):
         targets.append((lam, [row[row.ne(0)].tolist() for b in batches for row in b.tgt_out]))
-        return real(model, batches, archs, lam, *args, **kwargs)
+        return sandwich_step(model, batches, archs, lam, *args, **kwargs)
 
-    trainers.loop._sandwich_step = spying_step
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        for module in STAGE_MODULES:
+            patch.setattr(module, "sandwich_step", spying_step)
         result = train_supernet(_spec(raw, stages=THREE_STAGES), data, out, report=reports.append, progress=False)
-    finally:
-        trainers.loop._sandwich_step = real
     return out, result, reports, targets
 
 
@@ -224,7 +231,7 @@ def test_accumulated_batches_give_the_gradient_of_their_union(prepared, lam):
     src, tgt = data.load_split("train")
     a, b = collate(src[:3], tgt[:3]), collate(src[3:7], tgt[3:7])
     both = collate(src[:7], tgt[:7])
-    step = trainers.loop._sandwich_step
+    step = sandwich_step
     model.zero_grad()
     split = step(model, [a, b], archs, lam, spec, nullcontext(), a.ntokens + b.ntokens)
     g_split = _grads(model)
@@ -235,7 +242,7 @@ def test_accumulated_batches_give_the_gradient_of_their_union(prepared, lam):
     for name in g_whole:
         assert torch.allclose(g_split[name], g_whole[name], atol=1e-5, rtol=1e-4), name
     for key in ("widest", "narrowest", "sampled", "distill"):
-        assert split[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-7)
+        assert getattr(split, key) == pytest.approx(getattr(whole, key), rel=1e-5, abs=1e-7)
 
 
 def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepared, tmp_path):
@@ -257,12 +264,19 @@ def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepare
 
 def test_drop_branch_rises_linearly_over_the_warmup_then_stays(prepared, tmp_path, monkeypatch):
     raw, data = prepared
-    assert [trainers.loop.drop_branch_at(0.2, 4, s) for s in range(6)] == pytest.approx([0, 0.05, 0.1, 0.15, 0.2, 0.2])
-    assert trainers.loop.drop_branch_at(0.2, 0, 0) == 0.2
+    drop_branch_at = trainers.regularization.drop_branch_at
+    assert [drop_branch_at(0.2, 4, s) for s in range(6)] == pytest.approx([0, 0.05, 0.1, 0.15, 0.2, 0.2])
+    assert drop_branch_at(0.2, 0, 0) == 0.2
     seen = []
-    real = trainers.loop._sandwich_step
-    monkeypatch.setattr(trainers.loop, "_sandwich_step",
-                        lambda model, *args, **kwargs: seen.append(model.drop_branch) or real(model, *args, **kwargs))
-    train_supernet(_spec(raw, steps=5, drop_branch=0.2, drop_branch_warmup=4), data, tmp_path, progress=False)
-    assert seen == pytest.approx([0, 0.05, 0.1, 0.15, 0.2])
+
+    def spying_build(*args):  # the rate every training forward runs with
+        model = build_supernet(*args)
+        model.register_forward_pre_hook(lambda m, inputs: seen.append(m.drop_branch) if m.training else None)
+        return model
+
+    monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
+    spec = _spec(raw, steps=5, drop_branch=0.2, drop_branch_warmup=4)
+    train_supernet(spec, data, tmp_path, progress=False)
+    forwards = 2 + spec.train.sandwich_k  # widest, narrowest, sampled; one batch per step
+    assert seen == pytest.approx([rate for rate in (0, 0.05, 0.1, 0.15, 0.2) for _ in range(forwards)])
     assert load_model(tmp_path, "supernet").drop_branch == 0.2

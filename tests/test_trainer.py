@@ -8,7 +8,7 @@ import torch
 
 from nas.data import PreparedData
 from nas.model.io import load_model
-from nas.search.runner import prepare_sweep_data
+from nas.builders import prepare_sweep_data
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from trainers import inverse_sqrt_lr, train_supernet
@@ -135,7 +135,7 @@ def test_a_few_steps_on_the_unified_space_lower_the_loss_of_the_widest_and_the_n
     from nas.evaluate import valid_loss
     from nas.space.space import SearchSpace
     from tests.conftest import REPO
-    from trainers import build_supernet
+    from nas.builders import build_supernet
 
     raw, data = prepared
     unified = yaml.safe_load((REPO / "search_spaces" / "unified.yaml").read_text())

@@ -1,11 +1,25 @@
-"""The supernet trainer: sandwich-rule loop in stages, distillation losses, checkpoints, checkpoint averaging
-(no ray/mlflow/optuna imports)."""
+"""The trainers: one training loop, its stages, distillation losses, checkpoints, checkpoint averaging
+(no ray/mlflow/optuna imports).
+
+- ``engine``: the one loop (:func:`run_loop`) and the optimizer step (clip, Adam, AutoShuffle, schedule);
+- ``loop``: the supernet trainer (:func:`train_supernet`: stages, checkpoints, exact resume, data-parallel);
+- ``standalone``: one fixed sub-Transformer (:func:`train_standalone`: fidelity retraining, fine-tuning);
+- ``stages/``: the :class:`~trainers.stages.Stage` protocol, its implementations and the stage registry;
+- ``optim``, ``regularization``, ``window``, ``distributed``: Adam and the schedule, the per-step
+  regularisation, the logging window, data-parallel helpers;
+- ``distill``, ``seq_distill``, ``proximal``, ``average``: Scalable Transformers' losses and stage plan,
+  stage-3 targets, MAT's proximal initialization, checkpoint averaging.
+"""
 
 from trainers.average import average_checkpoints, average_snapshots, latest_snapshots
 from trainers.distill import anneal_lambda, dropout_rate, soft_cross_entropy, stage_at, word_distill_loss
-from trainers.loop import (TrainResult, check_fingerprint, inverse_sqrt_lr, supernet_fingerprint,
-                           train_supernet)
+from trainers.loop import TrainResult, check_fingerprint, supernet_fingerprint, train_supernet
+from trainers.optim import inverse_sqrt_lr
+from trainers.regularization import Regularization, drop_branch_at, step_regularization
+from trainers.stages import STAGES, Stage, StepInfo, StepOutput
+from trainers.standalone import train_standalone
 
-__all__ = ["train_supernet", "TrainResult", "inverse_sqrt_lr", "supernet_fingerprint",
-           "check_fingerprint", "average_checkpoints", "average_snapshots", "latest_snapshots", "word_distill_loss",
-           "soft_cross_entropy", "anneal_lambda", "stage_at", "dropout_rate"]
+__all__ = ["train_supernet", "train_standalone", "TrainResult", "inverse_sqrt_lr",
+           "supernet_fingerprint", "check_fingerprint", "average_checkpoints", "average_snapshots",
+           "latest_snapshots", "word_distill_loss", "soft_cross_entropy", "anneal_lambda", "stage_at", "dropout_rate",
+           "drop_branch_at", "Regularization", "step_regularization", "Stage", "StepInfo", "StepOutput", "STAGES"]

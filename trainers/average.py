@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from nas.model.io import atomic_write_text
+from nas.io import atomic_path, atomic_write_text
 
 __all__ = ["average_snapshots", "latest_snapshots", "average_checkpoints", "save_snapshot", "prune_snapshots",
            "snapshot_step", "SNAPSHOTS"]
@@ -53,10 +53,9 @@ def save_snapshot(state_dict: dict[str, torch.Tensor], folder: Path, step: int, 
     """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"step_{step:08d}.safetensors"
-    tmp = folder / f".{path.name}.tmp"
-    save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(tmp),
-              metadata={"step": str(step), "config": json.dumps(config, sort_keys=True)})
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(tmp),
+                  metadata={"step": str(step), "config": json.dumps(config, sort_keys=True)})
     return path
 
 

@@ -17,15 +17,15 @@ The losses are pure functions on logits ``[b, t, V]``, summed over non-pad targe
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 
 from nas.model.losses import label_smoothed_nll
-from nas.space.spec import JointStage, SeqDistillStage, WordDistillStage
+from nas.space import JointStage, SeqDistillStage, WordDistillStage
 
 __all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss", "dropout_rate",
            "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS"]

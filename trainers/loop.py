@@ -19,39 +19,49 @@ checkpoint a model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is wr
 from __future__ import annotations
 
 import json
-import math
-import os
 import random
 import sys
-import time
 import warnings
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from nas.builders import build_supernet, supernet_config
-from nas.data import Batch, PreparedData, TokenBatcher
+from nas.data import PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
-from nas.model.io import atomic_write_text, save_model
-from nas.precision import autocast_for, resolve_precision
-from nas.model.losses import label_smoothed_nll
+from nas.io import atomic_path, atomic_write_text
+from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer
+from nas.precision import autocast_for, resolve_precision
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
-from nas.space.spec import SeqDistillStage, SweepSpec
+from nas.space import SeqDistillStage, SweepSpec
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
-from trainers.distill import (STAGE_NUMBERS, StagePosition, check_width_dropout, dropout_rate, stage_at, width_dropout_rate,
-                              word_distill_loss)
+from trainers.distill import STAGE_NUMBERS, StagePosition, check_width_dropout, stage_at
+from trainers.distributed import broadcast, dist_info, param_sums
+from trainers.engine import LoopHooks, StepResult, run_loop
+from trainers.optim import make_optimizer, make_scheduler
 from trainers.proximal import load_proximal_source, proximal_initialize
-from trainers.seq_distill import DISTILL_DIR, load_distill_targets, write_distill_targets
+from trainers.seq_distill import (
+    DISTILL_DIR,
+    load_distill_targets,
+    write_distill_targets,
+)
+from trainers.stages import SandwichArchs, Stage, StageContext, build_stage
+from trainers.window import LossWindow
 
-__all__ = ["train_supernet", "TrainResult", "inverse_sqrt_lr", "supernet_fingerprint",
-           "check_fingerprint", "drop_branch_at"]
+__all__ = ["train_supernet", "TrainResult", "supernet_fingerprint", "check_fingerprint"]
 
 Report = Callable[[dict[str, float]], None]
 CHECKPOINT = "checkpoint.pt"
@@ -67,18 +77,11 @@ class TrainResult:
     """Final metrics: ``widest_bleu``, ``widest_chrf``, ``widest_valid_loss``, ``train_loss``, ``train_seconds``."""
 
 
-def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up to 1 over ``warmup_steps``, then ``sqrt(warmup/step)`` (Vaswani et al.)."""
-    def factor(step: int) -> float:
-        step = max(step, 1)
-        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
-    return factor
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def _progress(enabled: bool) -> Progress:
@@ -125,7 +128,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rank, world = _dist_info()
+    rank, world = dist_info()
     main = rank == 0
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tr = spec.train
@@ -136,8 +139,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
     plan = tr.stage_plan
     model = build_supernet(spec, data.vocab_size).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=tr.lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=tr.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, inverse_sqrt_lr(tr.warmup_steps))
+    optimizer = make_optimizer(model, tr.lr, tr.weight_decay)
+    scheduler = make_scheduler(optimizer, tr.warmup_steps)
     train_src, train_tgt = data.load_split("train")
     batchers = {"train": TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)}
     rng = random.Random(tr.seed)
@@ -172,7 +175,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                                      "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                                      "sampler_rng": rng.getstate(), "state": state})
 
-    widest, narrowest = space.widest(), space.narrowest()
+    archs = SandwichArchs(space, rng, tr.sandwich_k)
+    widest = archs.widest
     precision = resolve_precision(tr.precision, device)  # auto: bf16 only where the device has it natively
     before = state.get("precision")  # absent in checkpoints written before precision was recorded
     if main and before is not None and before != precision and state["step"] < tr.steps:
@@ -182,172 +186,79 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                       f"train.precision: {before} to keep {before})", stacklevel=2)
     state["precision"] = precision
     bf16 = precision == "bf16"
-    autocast = autocast_for(precision, device)
+    context = StageContext(spec, archs, autocast_for(precision, device), penalty=main)
+    stages = [build_stage(stage.name, context) for stage in plan]
     show = (sys.stderr.isatty() if progress is None else progress) and main
     emit = report or (lambda _metrics: None)
+    window = LossWindow()
+
+    def stage_of(step: int) -> tuple[Stage, StagePosition]:
+        at = stage_at(plan, step)
+        return stages[at.index], at
+
+    def batcher(corpus: str) -> TokenBatcher:
+        if corpus not in batchers:
+            if state["step"] % tr.checkpoint_every:  # the model that translates survives a kill
+                checkpoint()
+            src, tgt = _distilled_corpus(model, widest, train_src, stage_at(plan, state["step"]), out_dir / corpus,
+                                         rank, world, bf16, show)
+            batchers[corpus] = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+        return batchers[corpus]
+
+    def after_step(result: StepResult) -> None:
+        at = result.position
+        state["stage"] = at.stage.name
+        window.add(result.output, result.ntokens)
+        if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
+            students = tr.sandwich_k + 1 if at.distill_lambda is not None else 0
+            metrics = {**window.metrics(optimizer, result.grad_norm, sampled=tr.sandwich_k, distilled=students),
+                       "stage": at.number}
+            if at.distill_lambda is not None:
+                metrics[f"lambda_{at.number}"] = at.distill_lambda
+            state["elapsed_s"] += metrics.pop("window_s")
+            bar.update(task, completed=state["step"],
+                       info=f"{at.stage.name} | loss {metrics['train_loss']:.3f} | "
+                            f"{metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
+            if main and not show:
+                print(f"step {state['step']}/{tr.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
+                      f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
+            if world > 1:  # checked equal across ranks by nas.search.ddp.ReportSink
+                metrics.update(param_sums(model))
+            emit({**metrics, "step": state["step"]})
+        else:
+            bar.update(task, completed=state["step"])
+        if at.is_last_step and tr.stage_eval:  # the reference sub-Transformers after each stage
+            scores = broadcast(lambda: _reference_scores(model, data, spec, space), main)
+            model.train()
+            state["stage_scores"][str(at.number)] = scores
+            if main:
+                print(f"end of stage {at.number} ({at.stage.name}): " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in scores.items() if k.startswith("bleu")), file=sys.stderr, flush=True)
+            emit({**scores, "stage": at.number, "stage_end": 1, "step": state["step"]})
+        if state["step"] % tr.checkpoint_every == 0:
+            checkpoint()
+
+    hooks = LoopHooks(stage_at=stage_of, corpus_at=lambda step: _corpus(plan, stage_at(plan, step)),
+                      batcher=batcher, after_step=after_step)
     model.train()
-    window = _new_window()
     with _progress(show) as bar:
         task = bar.add_task("train", total=tr.steps, completed=state["step"], info="")
-        while state["step"] < tr.steps:
-            at = stage_at(plan, state["step"])
-            corpus = _corpus(plan, at)
-            if state["corpus"] != corpus:  # a stage with other targets starts: its own epochs
-                state.update(corpus=corpus, epoch=0, position=0)
-            if corpus not in batchers:
-                if state["step"] % tr.checkpoint_every:  # the model that translates survives a kill
-                    checkpoint()
-                src, tgt = _distilled_corpus(model, widest, train_src, at, out_dir / corpus, rank, world, bf16, show)
-                batchers[corpus] = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
-            batcher = batchers[corpus]
-            for group in _groups(batcher.batches(state["epoch"], start=state["position"]), tr.accumulate):
-                at = stage_at(plan, state["step"])
-                if _corpus(plan, at) != corpus:
-                    break
-                archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
-                ntokens = sum(b.ntokens for b in group)
-                shards = [s.to(device) for s in (_shard(b, rank, world) for b in group) if s is not None]
-                model.drop_branch = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, state["step"])
-                optimizer.zero_grad(set_to_none=True)
-                losses = _sandwich_step(model, shards, archs, at.distill_lambda, spec, autocast, ntokens,
-                                        penalty=main)
-                if world > 1:
-                    _all_reduce_grads(model)
-                    losses = _all_reduce_dict(losses, device)
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
-                optimizer.step()
-                model.renormalize_autoshuffle_()  # MUTE eq. 17-18
-                scheduler.step()
-                state["step"] += 1
-                state["position"] += len(group)
-                state["stage"] = at.stage.name
-                _accumulate(window, losses, ntokens)
-                if not math.isfinite(grad_norm):
-                    raise FloatingPointError(f"non-finite gradient norm at step {state['step']}; lower train.lr")
-                if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
-                    students = len(archs) - 1 if at.distill_lambda is not None else 0
-                    metrics = {**_window_metrics(window, optimizer, grad_norm, sampled=tr.sandwich_k,
-                                                 distilled=students), "stage": at.number}
-                    if at.distill_lambda is not None:
-                        metrics[f"lambda_{at.number}"] = at.distill_lambda
-                    state["elapsed_s"] += metrics.pop("window_s")
-                    bar.update(task, completed=state["step"],
-                               info=f"{at.stage.name} | loss {metrics['train_loss']:.3f} | "
-                                    f"{metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
-                    if main and not show:
-                        print(f"step {state['step']}/{tr.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
-                              f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
-                    if world > 1:  # checked equal across ranks by nas.search.ddp.ReportSink
-                        metrics.update(_param_sums(model))
-                    emit({**metrics, "step": state["step"]})
-                else:
-                    bar.update(task, completed=state["step"])
-                if at.is_last_step and tr.stage_eval:  # the reference sub-Transformers after each stage
-                    scores = _broadcast(lambda: _reference_scores(model, data, spec, space), main)
-                    model.train()
-                    state["stage_scores"][str(at.number)] = scores
-                    if main:
-                        print(f"end of stage {at.number} ({at.stage.name}): " + ", ".join(
-                            f"{k} {v:.2f}" for k, v in scores.items() if k.startswith("bleu")), file=sys.stderr, flush=True)
-                    emit({**scores, "stage": at.number, "stage_end": 1, "step": state["step"]})
-                if state["step"] % tr.checkpoint_every == 0:
-                    checkpoint()
-                if state["step"] >= tr.steps:
-                    break
-            else:
-                state["epoch"] += 1
-                state["position"] = 0
+        run_loop(model, optimizer, scheduler, state, hooks, steps=tr.steps, accumulate=tr.accumulate,
+                 clip_norm=tr.clip_norm, device=device, rank=rank, world=world)
     model.eval()
     model.drop_branch = tr.drop_branch  # the configured rate in the saved config, whatever the schedule
     if main:
         save_model(model, out_dir, SUPERNET)
     last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None
-    final = _broadcast(lambda: _final_scores(model, data, spec, widest, last), main)
+    final = broadcast(lambda: _final_scores(model, data, spec, widest, last), main)
     stage_scores = {f"stage{n}_{k}": v for n, scores in state["stage_scores"].items() for k, v in scores.items()}
     state["final"] = {**final, **stage_scores, "train_seconds": state["elapsed_s"],
                       "epochs": state["epoch"] + state["position"] / max(len(batchers[state["corpus"]]), 1)}
     checkpoint()
     if main:
         atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
-    emit({**state["final"], **(_param_sums(model) if world > 1 else {}), "step": state["step"]})
+    emit({**state["final"], **(param_sums(model) if world > 1 else {}), "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
-
-
-def drop_branch_at(rho: float, warmup: int, step: int) -> float:
-    """MAT's drop-branch rate rho (eq. 5-7) at 0-based optimizer step ``step``: ``rho * step / warmup``
-    during the first ``warmup`` steps, then ``rho`` (``warmup`` 0: ``rho`` throughout)."""
-    return rho if warmup <= 0 or step >= warmup else rho * step / warmup
-
-
-def _dist_info() -> tuple[int, int]:
-    """(rank, world size) of this process; (0, 1) without ``torch.distributed``."""
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _param_sums(model: torch.nn.Module) -> dict[str, float]:
-    """float64 sum of all parameters and of their squares (equal on every data-parallel rank in sync)."""
-    with torch.no_grad():
-        params = [p.detach().double() for p in model.parameters()]
-        return {"param_sum": float(sum(p.sum() for p in params)), "param_sq": float(sum(p.square().sum() for p in params))}
-
-
-def _shard(batch: Batch, rank: int, world: int) -> Batch | None:
-    """Rows ``rank::world`` of a batch (same padded width); None when this rank gets no row."""
-    if world == 1:
-        return batch
-    rows = slice(rank, None, world)
-    tgt_out = batch.tgt_out[rows]
-    if tgt_out.size(0) == 0:
-        return None
-    return Batch(batch.src[rows], batch.tgt_in[rows], tgt_out, int(tgt_out.ne(0).sum()))
-
-
-def _all_reduce_grads(model: torch.nn.Module) -> None:
-    """Sum every parameter's gradient over the ranks (one flat all-reduce; missing gradients count as 0)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    torch.distributed.all_reduce(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-        offset += n
-
-
-def _all_reduce_dict(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Sum a dict of floats over the ranks (same keys everywhere)."""
-    keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
-
-
-def _broadcast(compute: Callable[[], dict[str, float]], main: bool) -> dict[str, float]:
-    """``compute()`` on rank 0, its result on every rank (no collective without ``torch.distributed``)."""
-    rank, world = _dist_info()
-    if world == 1:
-        return compute()
-    box = [compute() if main else None]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def _groups(batches, size: int):
-    """Consecutive lists of ``size`` batches (the last one may be shorter)."""
-    group: list[Batch] = []
-    for batch in batches:
-        group.append(batch)
-        if len(group) == size:
-            yield group
-            group = []
-    if group:
-        yield group
 
 
 def _corpus(plan, at: StagePosition) -> str:
@@ -410,79 +321,6 @@ def check_fingerprint(out_dir: Path, fingerprint: str) -> None:
 
 def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-def _sandwich_step(model: SuperTransformer, batches: list[Batch], archs: list[Arch], lam: float | None,
-                   spec: SweepSpec, autocast: AbstractContextManager, ntokens: int, *,
-                   penalty: bool = True) -> dict[str, float]:
-    """Forward and backward of one step's sub-Transformers on each of ``batches`` (``archs[0]`` the
-    widest, ``archs[1]`` the narrowest, then the sampled ones); gradients accumulate in ``model``, the
-    caller steps.
-
-    ``lam`` None: stage 1, every sub-Transformer on the batch's targets (eq. 4). Otherwise stage 2
-    (sec. 3.3 L_2 with ``lam`` = lambda_2) or 3 (eq. 6 with ``lam`` = lambda_3, the batch's targets
-    being the widest's beam-search translations): the widest on the targets, each other one on
-    ``lam * targets + (1 - lam) * the widest's distribution``, the widest's logits of this batch
-    computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of
-    the whole step (all accumulated batches, all data-parallel ranks), so the gradient is the
-    step's per-token mean. ``penalty``: add MUTE's eq. 20 term (once per step: on rank 0's first batch).
-    Returns per-token losses summed over the step (``nll`` and ``widest`` of the widest;
-    ``narrowest``; ``sampled`` and ``distill`` summed over the sub-Transformers they cover), all
-    label-smoothed cross-entropy against the targets except ``distill``.
-    """
-    tr = spec.train
-    out = {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0}
-    for b, batch in enumerate(batches):
-        teacher = None
-        for i, arch in enumerate(archs):
-            rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
-            with autocast, dropout_rate(model, rate):  # sec. 4.1: the rate of this sub-Transformer's width
-                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
-            if i == 0 or lam is None:
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
-                objective = loss / ntokens
-            else:
-                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing)
-                objective = objective / ntokens
-                out["distill"] += float(soft.detach()) / ntokens
-            if i == 0:
-                teacher = logits.detach() if lam is not None else None
-                out["nll"] += float(nll.detach()) / ntokens
-                if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
-                    objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
-            objective.backward()
-            out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / ntokens
-    return out
-
-
-def _new_window() -> dict[str, float]:
-    return {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0, "tokens": 0,
-            "steps": 0, "t0": time.perf_counter()}
-
-
-def _accumulate(window: dict[str, float], losses: dict[str, float], ntokens: int) -> None:
-    """Add one step's losses (:func:`_sandwich_step`, per token of the step) to the logging window."""
-    for key in ("widest", "nll", "narrowest", "sampled", "distill"):
-        window[key] += losses[key]
-    window["tokens"] += ntokens
-    window["steps"] += 1
-
-
-def _window_metrics(window: dict[str, float], optimizer: torch.optim.Optimizer, grad_norm: float,
-                    *, sampled: int, distilled: int) -> dict[str, float]:
-    """Per-step means over the window; ``sampled``/``distilled``: sub-Transformers per step behind those sums."""
-    seconds = time.perf_counter() - window["t0"]
-    n = max(window["steps"], 1)
-    metrics = {"train_loss": window["widest"] / n, "train_nll": window["nll"] / n,
-               "loss_widest": window["widest"] / n, "loss_narrowest": window["narrowest"] / n,
-               "tokens_per_s": window["tokens"] / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"],
-               "grad_norm": grad_norm, "window_s": seconds}
-    if sampled:
-        metrics["loss_sampled"] = window["sampled"] / (n * sampled)
-    if distilled:
-        metrics["loss_distill"] = window["distill"] / (n * distilled)
-    window.update(_new_window())
-    return metrics
 
 
 def _final_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec, widest,

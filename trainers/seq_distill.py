@@ -12,7 +12,6 @@ ones on resume. With data-parallel workers, part ``i`` is translated by rank ``i
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,14 +19,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from nas.data import EOS_ID, PAD_ID
+from nas.io import atomic_path, atomic_write_text
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.precision import autocast_for
 from nas.space.arch import Arch
-from nas.space.spec import SeqDistillStage
+from nas.space import SeqDistillStage
 
 __all__ = ["write_distill_targets", "load_distill_targets", "keep_distilled_pair", "PART_SIZE", "DISTILL_DIR"]
 
@@ -108,9 +114,8 @@ def write_distill_targets(model: SuperTransformer, widest: Arch, src_ids: list[l
             table = pa.table({"index": pa.array([k for k, _ in keep], pa.int64()),
                               "tgt": pa.array([h for _, h in keep], pa.list_(pa.int32()))})
             path = _part_path(folder, p)
-            tmp = path.with_name(f".{path.name}.tmp")
-            pq.write_table(table, tmp)
-            os.replace(tmp, path)
+            with atomic_path(path) as tmp:
+                pq.write_table(table, tmp)
             bar.advance(task, hi - lo)
             if not show:
                 print(f"seq_distill targets: part {p} ({hi - lo} sentences, {len(keep)} kept) -> {path}",
@@ -120,9 +125,7 @@ def write_distill_targets(model: SuperTransformer, widest: Arch, src_ids: list[l
         info = {"sentences": n, "parts": (n + PART_SIZE - 1) // PART_SIZE, "beam_size": stage.beam_size,
                 "length_penalty": stage.length_penalty, "max_length": stage.max_length,
                 "max_length_ratio": stage.max_length_ratio}
-        tmp = folder / ".info.json.tmp"
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, folder / "info.json")
+        atomic_write_text(folder / "info.json", json.dumps(info, indent=2))
     return folder
 
 

@@ -10,7 +10,7 @@ search). With ``search.finetune`` in the YAML (:class:`~nas.space.schema.Finetun
    feasible it falls back to all COMPLETE trials, and says so.
 2. :func:`run_finetune_stage` runs one Ray Tune trial per candidate (:func:`finetune_trial`): the sub-Transformer
    is extracted from the trained supernet with its inherited weights (:func:`nas.model.supernet.extract`) and
-   trained ``steps`` more steps as ``train.*`` trains (:func:`nas.fidelity.train_standalone`; peak rate
+   trained ``steps`` more steps as ``train.*`` trains (:func:`trainers.train_standalone`; peak rate
    ``finetune.lr``, default ``train.lr / 10``), reporting its validation loss every ``eval_every`` steps. ASHA
    (Li et al. 2020, "A System for Massively Parallel Hyperparameter Tuning", Algorithm 2; Ray Tune's
    ``ASHAScheduler``) counts one evaluation as one time unit: at rung ``grace_period * reduction_factor**k``
@@ -49,16 +49,17 @@ from rich.table import Table
 from nas.errors import NasError
 from nas import tracking
 from nas.evaluate import valid_loss
-from nas.fidelity import score_model, train_standalone
+from nas.fidelity import score_model
 from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import OPTUNA_TRIAL_KEY, StudyRef
-from nas.search.trials import SweepContext, _supernet
+from nas.search.trials import SweepContext, load_supernet
 from nas.search.tune import make_tuner, ray_dir, run_config
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import FinetuneSpec, SweepSpec
+from trainers.standalone import train_standalone
 
 __all__ = ["select_candidates", "finetune_trial", "run_finetune_stage", "finetune_counts", "finetune_table",
            "finetune_dir", "is_feasible", "FinetuneCallback", "ROLE", "TAG_STOPPED", "DONE_KEY", "ARCH_KEY",
@@ -206,7 +207,7 @@ def finetune_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     if stored is not None and stored.get("settings") == settings and isinstance(stored.get("result"), dict):
         tune.report(stored["result"])  # fine-tuned before the driver was killed: not trained again
         return
-    model = extract(_supernet(str(ctx.supernet_dir)), arch).eval()  # a copy: the cached supernet is untouched
+    model = extract(load_supernet(str(ctx.supernet_dir)), arch).eval()  # a copy: the cached supernet is untouched
     torch.set_num_threads(max(1, int(spec.search.cpu_per_trial)))
     device = torch.device("cuda" if spec.search.gpu_per_trial > 0 and torch.cuda.is_available() else "cpu")
     info = {**_inherited(ctx, number, model, arch), "arch_id": arch.arch_id, "arch_summary": arch.summary()}

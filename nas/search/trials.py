@@ -57,8 +57,13 @@ def train_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
 
 
 @functools.lru_cache(maxsize=2)
-def _supernet(directory: str) -> SuperTransformer:
-    """Load once per worker process (Ray reuses actors between trials)."""
+def load_supernet(directory: str) -> SuperTransformer:
+    """The trained supernet in ``directory`` (``supernet.safetensors`` + ``supernet.json``), loaded once per worker
+    process (cached: Ray reuses actors between trials); callers must not modify it (extract a copy).
+
+    Raises:
+        FileNotFoundError: no supernet files in ``directory``.
+    """
     return load_model(directory, "supernet")
 
 
@@ -149,7 +154,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     try:
         fault = faults.point("score_trial", number=number, attempts=_result_path(ctx, number, ".attempts"),
                              label=f"Optuna trial {number}")
-        model = _supernet(str(ctx.supernet_dir))
+        model = load_supernet(str(ctx.supernet_dir))
         if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
             model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
         metrics = score_arch(model, arch, ctx.spec, ctx.data)

@@ -1,0 +1,63 @@
+"""The optimizer side of every training loop: Adam, the inverse-square-root schedule, batch grouping.
+
+One place for what the supernet (:func:`trainers.train_supernet`), standalone retraining
+(:func:`trainers.train_standalone`, ``nas fidelity``) and the fine-tune stage share: Adam with
+``betas=(0.9, 0.98)``, ``eps=1e-8`` and the warm-up/inverse-square-root learning-rate schedule of
+Vaswani et al. 2017 ("Attention Is All You Need", sec. 5.3, eq. 3), and the grouping of consecutive
+batches into one optimizer step (gradient accumulation).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+import torch
+
+__all__ = ["inverse_sqrt_lr", "make_optimizer", "make_scheduler", "batch_groups"]
+
+T = TypeVar("T")
+
+
+def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up to 1 over ``warmup_steps``, then ``sqrt(warmup/step)`` (Vaswani et al.
+    2017, sec. 5.3 eq. 3, normalised to 1 at the end of the warm-up).
+
+    Raises:
+        ZeroDivisionError: ``warmup_steps`` is 0 when the factor is first called (use
+            :func:`make_scheduler`, which maps 0 to a constant rate).
+    """
+    def factor(step: int) -> float:
+        step = max(step, 1)
+        return min(step / warmup_steps, math.sqrt(warmup_steps / step))
+    return factor
+
+
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Adam:
+    """Adam over all of ``model``'s parameters with the Transformer's ``betas=(0.9, 0.98)``, ``eps=1e-8``.
+
+    Args:
+        lr: peak learning rate (the schedule multiplies it).
+        weight_decay: L2 penalty (Adam's coupled form).
+    """
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay)
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """The inverse-square-root schedule of :func:`inverse_sqrt_lr` over ``warmup_steps`` optimizer steps;
+    ``warmup_steps`` 0: the peak rate throughout (no warm-up, no decay)."""
+    factor = inverse_sqrt_lr(warmup_steps) if warmup_steps > 0 else (lambda step: 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def batch_groups(batches: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Consecutive lists of ``size`` batches, one optimizer step each (the last one may be shorter)."""
+    group: list[T] = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == size:
+            yield group
+            group = []
+    if group:
+        yield group

@@ -1,0 +1,82 @@
+"""The interface every training stage implements: :class:`Stage`, its input :class:`StepInfo` and output
+:class:`StepOutput` (STYLE habit 7: composition and a ``Protocol``, no class tree)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from nas.data import Batch
+from nas.model.supernet import SuperTransformer
+from nas.space import SweepSpec
+
+if TYPE_CHECKING:
+    from trainers.distill import StagePosition
+    from trainers.stages.sandwich import SandwichArchs
+
+__all__ = ["Stage", "StepInfo", "StepOutput", "StageContext"]
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """What a supernet stage is built from (:data:`trainers.stages.STAGES`)."""
+
+    spec: SweepSpec
+    """The sweep (``train.*`` losses and regularisation, ``supernet.model_dim``)."""
+    archs: SandwichArchs
+    """Draws each step's sub-Transformers."""
+    autocast: AbstractContextManager
+    """The training precision's autocast context (re-entered for every forward)."""
+    penalty: bool = True
+    """Add MUTE's eq. 20 AutoShuffle penalty (only data-parallel rank 0 does, once per step)."""
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """Where an optimizer step is."""
+
+    step: int
+    """Optimizer steps already done (0-based index of this step)."""
+    ntokens: int
+    """Target tokens of the whole step (all accumulated batches, all data-parallel ranks): the loss divisor."""
+    position: StagePosition | None = None
+    """Where the step falls in ``train.stages`` (None outside a stage plan: standalone training)."""
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Per-token losses of one step (nats), each summed over the batches of the step and divided by
+    :attr:`StepInfo.ntokens`; label-smoothed cross-entropy against the step's targets except ``distill``."""
+
+    widest: float = 0.0
+    """The first sub-Transformer's (the widest's; in standalone training the only one's) label-smoothed loss."""
+    nll: float = 0.0
+    """The first sub-Transformer's unsmoothed negative log-likelihood."""
+    narrowest: float = 0.0
+    """The second sub-Transformer's (the narrowest's) loss."""
+    sampled: float = 0.0
+    """Sum over the randomly sampled sub-Transformers' losses."""
+    distill: float = 0.0
+    """Sum over the students of the cross-entropy against the widest's word distribution (Scalable
+    Transformers sec. 3.3); 0 in a stage without distillation."""
+
+    def to_dict(self) -> dict[str, float]:
+        """The five losses by field name (what the data-parallel all-reduce sums)."""
+        return asdict(self)
+
+
+class Stage(Protocol):
+    """One kind of training step: forward and backward of one optimizer step's sub-Transformers.
+
+    ``step`` leaves the gradients of the step in ``model`` (the loop has zeroed them before and
+    all-reduces, clips and steps after); it does not touch the optimizer. Implementations:
+    :mod:`trainers.stages.joint`, :mod:`~trainers.stages.word_distill`, :mod:`~trainers.stages.seq_distill`
+    and :mod:`~trainers.stages.standalone`; :data:`trainers.stages.STAGES` maps ``train.stages[*].name`` to them.
+    """
+
+    def step(self, model: SuperTransformer, batches: Sequence[Batch], step: StepInfo) -> StepOutput:
+        """Accumulate one optimizer step's gradients from ``batches`` (each ``src [b, s]``, ``tgt_in``/``tgt_out
+        [b, t]`` token ids) into ``model``; returns the step's per-token losses."""
+        ...

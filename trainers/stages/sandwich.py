@@ -1,0 +1,82 @@
+"""The forward and backward pass every stage shares: a list of sub-Transformers on the same batches, the
+first one optionally the teacher of the others (Scalable Transformers sec. 3.3, eq. 4-6; the sandwich rule of
+slimmable networks, Yu & Huang 2019, "Universally Slimmable Networks", sec. 3.2)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+from nas.data import Batch
+from nas.model.losses import label_smoothed_nll
+from nas.model.supernet import SuperTransformer
+from nas.space.arch import Arch
+from nas.space.space import SearchSpace
+from nas.space import SweepSpec
+from trainers.distill import word_distill_loss
+from trainers.regularization import regularized, step_regularization
+from trainers.stages.base import StepOutput
+
+__all__ = ["SandwichArchs", "sandwich_step"]
+
+
+@dataclass
+class SandwichArchs:
+    """The sub-Transformers of one sandwich step: the widest, the narrowest and ``k`` drawn from ``rng``."""
+
+    space: SearchSpace
+    rng: random.Random
+    """The loop's sampler RNG (checkpointed by the loop: a resumed run draws the same archs)."""
+    k: int
+    """Randomly sampled sub-Transformers per step (``train.sandwich_k``)."""
+
+    def __post_init__(self) -> None:
+        self.widest, self.narrowest = self.space.widest(), self.space.narrowest()
+
+    def draw(self) -> list[Arch]:
+        """``[widest, narrowest, k random]``: ``k`` draws from ``rng``."""
+        return [self.widest, self.narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
+
+
+def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequence[Arch], lam: float | None,
+                  spec: SweepSpec, autocast: AbstractContextManager, ntokens: int, *, step: int = 0,
+                  penalty: bool = True) -> StepOutput:
+    """Forward and backward of ``archs`` on each of ``batches`` (``archs[0]`` the widest, ``archs[1]`` the
+    narrowest, then the sampled ones; or one arch alone); gradients accumulate in ``model``, the caller steps.
+
+    ``lam`` None: every sub-Transformer on the batch's targets (Scalable Transformers eq. 4). Otherwise
+    stage 2 (sec. 3.3 L_2 with ``lam`` = lambda_2) or 3 (eq. 6 with ``lam`` = lambda_3, the batch's targets
+    being the widest's beam-search translations): the widest on the targets, each other one on
+    ``lam * targets + (1 - lam) * the widest's distribution``, the widest's logits ``[b, t, V]`` of this batch
+    computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of the whole
+    step (all accumulated batches, all data-parallel ranks), so the gradient is the step's per-token mean.
+    Each forward pass runs under :func:`~trainers.regularization.step_regularization` of ``step`` (0-based
+    optimizer step) and its arch. ``penalty``: add MUTE's eq. 20 term (once per step: on the first batch).
+
+    Raises:
+        ValueError: ``train.width_dropout`` has no rate for an arch's model width; ``lam`` outside [0, 1].
+    """
+    tr = spec.train
+    out = {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0}
+    for b, batch in enumerate(batches):
+        teacher = None
+        for i, arch in enumerate(archs):
+            with autocast, regularized(model, step_regularization(spec, step, arch)):
+                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+            if i == 0 or lam is None:
+                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+                objective = loss / ntokens
+            else:
+                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing)
+                objective = objective / ntokens
+                out["distill"] += float(soft.detach()) / ntokens
+            if i == 0:
+                teacher = logits.detach() if lam is not None else None
+                out["nll"] += float(nll.detach()) / ntokens
+                if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
+                    objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
+            objective.backward()
+            out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / ntokens
+    return StepOutput(**out)

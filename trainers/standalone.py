@@ -1,0 +1,85 @@
+"""Standalone training of one fixed sub-Transformer through the one loop (:mod:`trainers.engine`).
+
+``nas fidelity`` retrains sub-Transformers from scratch with it and the fine-tune stage trains extracted
+sub-Transformers on from their inherited weights. It repeats ``train.*`` for one arch: the same batches
+(``max_tokens``, ``accumulate``, the data order of ``train.seed``), Adam with the inverse-square-root schedule,
+label smoothing, gradient clipping, drop-branch, width dropout and precision; only the sandwich rule is gone
+(one arch per step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from nas.data import PreparedData, TokenBatcher
+from nas.model.supernet import SuperTransformer
+from nas.precision import autocast_for, resolve_precision
+from nas.space.arch import Arch
+from nas.space import SweepSpec
+from trainers.engine import LoopHooks, StepResult, run_loop
+from trainers.optim import make_optimizer, make_scheduler
+from trainers.stages.standalone import StandaloneTraining
+
+__all__ = ["train_standalone"]
+
+
+def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data: PreparedData, steps: int, *,
+                     device: torch.device | str = "cpu",
+                     on_step: Callable[[int, float], None] | None = None,
+                     lr: float | None = None, warmup_steps: int | None = None,
+                     eval_every: int | None = None, on_eval: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Train ``model`` (a standalone model of ``arch``, or one extracted with inherited weights) for ``steps``
+    optimizer steps as ``train.*`` trains the supernet, with ``arch`` alone in each step
+    (:class:`~trainers.stages.StandaloneTraining`); leaves it in eval mode.
+
+    Args:
+        on_step: called after each step with (step, label-smoothed loss per target token).
+        lr: peak learning rate (default ``train.lr``).
+        warmup_steps: linear warm-up steps of the inverse-square-root schedule (default ``train.warmup_steps``;
+            0: the peak rate from the first step, no decay).
+        eval_every: call ``on_eval`` every this many steps and after the last one (None: never).
+        on_eval: called with the step number, the model in eval mode and no autograd (put back in training mode
+            afterwards).
+
+    Returns:
+        ``train_loss`` (label-smoothed cross-entropy per target token, nats, mean of the last 50 steps) and
+        ``train_seconds``.
+
+    Raises:
+        FloatingPointError: a non-finite gradient norm (names the step and the arch).
+    """
+    tr = spec.train
+    device = torch.device(device)
+    model.to(device).train()
+    optimizer = make_optimizer(model, tr.lr if lr is None else lr, tr.weight_decay)
+    scheduler = make_scheduler(optimizer, tr.warmup_steps if warmup_steps is None else warmup_steps)
+    train_src, train_tgt = data.load_split("train")
+    batcher = TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+    stage = StandaloneTraining(arch, spec, autocast_for(resolve_precision(tr.precision, device), device))
+    losses: list[float] = []
+
+    def after_step(result: StepResult) -> None:
+        step = result.step
+        losses.append(result.output.widest)
+        if on_step is not None:
+            on_step(step, result.output.widest)
+        if on_eval is not None and eval_every and (step % eval_every == 0 or step == steps):
+            model.eval()
+            with torch.no_grad():
+                on_eval(step)
+            model.train()
+
+    hooks = LoopHooks(stage_at=lambda step: (stage, None), corpus_at=lambda step: "train",
+                      batcher=lambda corpus: batcher, after_step=after_step,
+                      describe=lambda step: f"standalone step {step} of {arch.summary()}")
+    t0 = time.perf_counter()
+    state = {"step": 0, "epoch": 0, "position": 0, "corpus": "train"}
+    run_loop(model, optimizer, scheduler, state, hooks, steps=steps, accumulate=tr.accumulate,
+             clip_norm=tr.clip_norm, device=device)
+    model.drop_branch = tr.drop_branch
+    model.eval()
+    tail = losses[-50:]
+    return {"train_loss": sum(tail) / max(len(tail), 1), "train_seconds": time.perf_counter() - t0}
