@@ -287,9 +287,10 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
     for step in range(1, steps + 1):
         group = next(groups)
         ntokens = sum(b.ntokens for b in group)
-        model.drop_branch = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, step - 1)
+        rho = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, step - 1)
         optimizer.zero_grad(set_to_none=True)
-        out = _sandwich_step(model, [b.to(device) for b in group], [arch], None, spec, autocast, ntokens)
+        out = _sandwich_step(model, [b.to(device) for b in group], [arch], None, spec, autocast, ntokens,
+                             drop_branch=rho)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), tr.clip_norm))
         if not math.isfinite(grad_norm):
             raise FloatingPointError(f"non-finite gradient norm at standalone step {step} of {arch.summary()}; "

@@ -44,7 +44,7 @@ from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space.spec import SeqDistillStage, SweepSpec
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
-from trainers.distill import (STAGE_NUMBERS, StagePosition, check_width_dropout, dropout_rate, stage_at, width_dropout_rate,
+from trainers.distill import (STAGE_NUMBERS, StagePosition, check_width_dropout, stage_at, width_dropout_rate,
                               word_distill_loss)
 from trainers.proximal import load_proximal_source, proximal_initialize
 from trainers.seq_distill import DISTILL_DIR, load_distill_targets, write_distill_targets
@@ -221,10 +221,10 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                 archs = [widest, narrowest] + [space.sample(rng) for _ in range(tr.sandwich_k)]
                 ntokens = sum(b.ntokens for b in group)
                 shards = [s.to(device) for s in (_shard(b, rank, world) for b in group) if s is not None]
-                model.drop_branch = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, state["step"])
+                rho = drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, state["step"])
                 optimizer.zero_grad(set_to_none=True)
                 losses = _sandwich_step(model, shards, archs, at.distill_lambda, spec, autocast, ntokens,
-                                        penalty=main)
+                                        penalty=main, drop_branch=rho)
                 if world > 1:
                     _all_reduce_grads(model)
                     losses = _all_reduce_dict(losses, device)
@@ -272,7 +272,6 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                 state["epoch"] += 1
                 state["position"] = 0
     model.eval()
-    model.drop_branch = tr.drop_branch  # the configured rate in the saved config, whatever the schedule
     if main:
         save_model(model, out_dir, SUPERNET)
     last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None
@@ -428,7 +427,7 @@ def _as_tuple(x: Any) -> Any:
 
 def _sandwich_step(model: SuperTransformer, batches: list[Batch], archs: list[Arch], lam: float | None,
                    spec: SweepSpec, autocast: AbstractContextManager, ntokens: int, *,
-                   penalty: bool = True) -> dict[str, float]:
+                   penalty: bool = True, drop_branch: float | None = None) -> dict[str, float]:
     """Forward and backward of one step's sub-Transformers on each of ``batches`` (``archs[0]`` the
     widest, ``archs[1]`` the narrowest, then the sampled ones); gradients accumulate in ``model``, the
     caller steps.
@@ -440,6 +439,8 @@ def _sandwich_step(model: SuperTransformer, batches: list[Batch], archs: list[Ar
     computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of
     the whole step (all accumulated batches, all data-parallel ranks), so the gradient is the
     step's per-token mean. ``penalty``: add MUTE's eq. 20 term (once per step: on rank 0's first batch).
+    ``drop_branch``: this step's drop-branch rate (default the model's configured one); every forward
+    gets ``model.regularization(...)`` with it and the width's dropout rate.
     Returns per-token losses summed over the step (``nll`` and ``widest`` of the widest;
     ``narrowest``; ``sampled`` and ``distill`` summed over the sub-Transformers they cover), all
     label-smoothed cross-entropy against the targets except ``distill``.
@@ -450,8 +451,10 @@ def _sandwich_step(model: SuperTransformer, batches: list[Batch], archs: list[Ar
         teacher = None
         for i, arch in enumerate(archs):
             rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
-            with autocast, dropout_rate(model, rate):  # sec. 4.1: the rate of this sub-Transformer's width
-                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+            reg = model.regularization(**({} if drop_branch is None else {"drop_branch": drop_branch}),
+                                       **({} if rate is None else {"dropout": rate}))  # sec. 4.1: the width's rate
+            with autocast:
+                logits = model(batch.src, batch.tgt_in, arch, reg=reg)  # [b, t, V]
             if i == 0 or lam is None:
                 loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
                 objective = loss / ntokens
