@@ -416,7 +416,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     if n_sent < batch_size:  # checked before any data is prepared or model loaded
         _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
     from nas.data import DataError
-    from nas.evaluate import _encode_src
+    from nas.evaluate import encode_sources
     from nas.latency import LatencyPredictor, collect_samples
     from nas.model.io import atomic_write_text, load_model
     from nas.builders import prepare_sweep_data
@@ -431,7 +431,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
         _fail(str(e))
     model = load_model(supernet_dir, "supernet").eval()
     src_text, _ = data.valid_text()
-    ids = _encode_src(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
+    ids = encode_sources(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
     measured = collect_samples(model, SearchSpace.from_spec(spec), ids, samples, seed=seed, batch_sizes=(batch_size,),
                                beam_size=spec.search.beam_size, threads=threads or max(1, int(spec.search.cpu_per_trial)))
     predictor = LatencyPredictor(model.model_dim, batch_size=batch_size, beam_size=spec.search.beam_size,

@@ -17,7 +17,7 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["translate", "corpus_scores", "valid_loss", "Scores"]
+__all__ = ["translate", "corpus_scores", "valid_loss", "encode_sources", "Scores"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class Scores:
     """sacrebleu corpus chrF (0-100)."""
 
 
-def _encode_src(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[list[int]]:
+def encode_sources(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[list[int]]:
+    """Token ids of raw sentences as the decoder reads them: each cut to ``max_len - 1`` ids, then EOS."""
     return [ids[: max_len - 1] + [EOS_ID] for ids in tokenizer.encode(sentences)]
 
 
@@ -40,7 +41,7 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
     Sentences are decoded in batches of up to ``batch_size``, sorted by length to limit padding.
     """
     model.eval()
-    ids = _encode_src(tokenizer, sentences, model.max_positions // 2)
+    ids = encode_sources(tokenizer, sentences, model.max_positions // 2)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[list[int]] = [[] for _ in ids]
     for start in range(0, len(order), batch_size):

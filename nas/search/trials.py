@@ -86,7 +86,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     (HAT sec. 3.3). When a predictor is given with ``measured``, ``latency_pred_ms`` is added and
     ``latency_drift`` (``|pred - measured| / measured``), and a drift above 20% is warned about.
     """
-    from nas.evaluate import _encode_src
+    from nas.evaluate import encode_sources
     from nas.latency import check_drift, measure_latency
 
     se = spec.search
@@ -107,7 +107,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     if se.latency == "predicted":
         metrics["latency_ms"] = predicted
         return metrics
-    ids = _encode_src(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
+    ids = encode_sources(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
     metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size)
     if predicted is not None:
         metrics["latency_pred_ms"] = predicted

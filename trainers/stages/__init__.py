@@ -15,7 +15,8 @@ from collections.abc import Callable
 
 from trainers.stages.base import Stage, StageContext, StepInfo, StepOutput
 from trainers.stages.joint import JointTraining
-from trainers.stages.sandwich import SandwichArchs, sandwich_step
+from trainers.stages.base import SandwichArchs
+from trainers.stages.sandwich import sandwich_step
 from trainers.stages.seq_distill import SequenceDistillation
 from trainers.stages.standalone import StandaloneTraining
 from trainers.stages.word_distill import WordDistillation

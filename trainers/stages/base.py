@@ -8,15 +8,36 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import random
+
 from nas.data import Batch
 from nas.model.supernet import SuperTransformer
 from nas.space import SweepSpec
+from nas.space.arch import Arch
+from nas.space.space import SearchSpace
 
 if TYPE_CHECKING:
     from trainers.distill import StagePosition
-    from trainers.stages.sandwich import SandwichArchs
 
 __all__ = ["Stage", "StepInfo", "StepOutput", "StageContext"]
+
+
+@dataclass
+class SandwichArchs:
+    """The sub-Transformers of one sandwich step: the widest, the narrowest and ``k`` drawn from ``rng``."""
+
+    space: SearchSpace
+    rng: random.Random
+    """The loop's sampler RNG (checkpointed by the loop: a resumed run draws the same archs)."""
+    k: int
+    """Randomly sampled sub-Transformers per step (``train.sandwich_k``)."""
+
+    def __post_init__(self) -> None:
+        self.widest, self.narrowest = self.space.widest(), self.space.narrowest()
+
+    def draw(self) -> list[Arch]:
+        """``[widest, narrowest, k random]``: ``k`` draws from ``rng``."""
+        return [self.widest, self.narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
 
 
 @dataclass(frozen=True)

@@ -4,40 +4,19 @@ slimmable networks, Yu & Huang 2019, "Universally Slimmable Networks", sec. 3.2)
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 
 from nas.data import Batch
 from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
-from nas.space.space import SearchSpace
 from nas.space import SweepSpec
 from trainers.distill import word_distill_loss
 from trainers.regularization import step_regularization
-from trainers.stages.base import StepOutput
+from trainers.stages.base import SandwichArchs, StepOutput
 
 __all__ = ["SandwichArchs", "sandwich_step"]
-
-
-@dataclass
-class SandwichArchs:
-    """The sub-Transformers of one sandwich step: the widest, the narrowest and ``k`` drawn from ``rng``."""
-
-    space: SearchSpace
-    rng: random.Random
-    """The loop's sampler RNG (checkpointed by the loop: a resumed run draws the same archs)."""
-    k: int
-    """Randomly sampled sub-Transformers per step (``train.sandwich_k``)."""
-
-    def __post_init__(self) -> None:
-        self.widest, self.narrowest = self.space.widest(), self.space.narrowest()
-
-    def draw(self) -> list[Arch]:
-        """``[widest, narrowest, k random]``: ``k`` draws from ``rng``."""
-        return [self.widest, self.narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
 
 
 def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequence[Arch], lam: float | None,
