@@ -48,6 +48,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from nas.errors import NasError
 from nas.data import PreparedData
 from nas.evaluate import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_bytes, atomic_write_text, load_model
@@ -157,14 +158,14 @@ def spread_archs(space: SearchSpace, k: int, params_of: Callable[[Arch], int], *
         ValueError: ``k`` < 2, or fewer than ``k`` distinct archs among the candidates (names both).
     """
     if k < 2:
-        raise ValueError(f"k={k}: at least 2 sub-Transformers are needed (the narrowest and the widest)")
+        raise NasError(f"k={k}: at least 2 sub-Transformers are needed (the narrowest and the widest)")
     rng = random.Random(seed)
     ends = [space.narrowest(), space.widest()]
     pool: dict[str, Arch] = {}
     for arch in [*ends, *(space.sample(rng) for _ in range(samples))]:
         pool.setdefault(arch.arch_id, arch)
     if len(pool) < k:
-        raise ValueError(f"k={k} but only {len(pool)} distinct sub-Transformers were found among {samples} random "
+        raise NasError(f"k={k} but only {len(pool)} distinct sub-Transformers were found among {samples} random "
                          f"samples of a space of {space.size()}; lower --k")
     params = {arch_id: int(params_of(arch)) for arch_id, arch in pool.items()}
     chosen = {a.arch_id for a in ends}
@@ -311,10 +312,10 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
         FloatingPointError: standalone training diverged.
     """
     if metric not in METRICS:
-        raise ValueError(f"metric {metric!r}: expected one of {', '.join(METRICS)}")
+        raise NasError(f"metric {metric!r}: expected one of {', '.join(METRICS)}")
     steps = spec.train.steps if steps is None else steps
     if steps < 1:
-        raise ValueError(f"steps={steps}: standalone training needs at least 1 step")
+        raise NasError(f"steps={steps}: standalone training needs at least 1 step")
     folder = check_supernet(spec, "FILE")
     out_dir = Path(out_dir) if out_dir is not None else spec.run_dir / "fidelity" / f"steps_{steps}_seed_{seed}"
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -342,7 +343,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
             bar.update(arch_task, info=row["arch_summary"])
             if stored.get("standalone") is not None and stored.get("settings") != settings:
                 changed = sorted(key for key in settings if stored.get("settings", {}).get(key) != settings[key])
-                raise ValueError(f"{path} holds a standalone result trained with other settings ({', '.join(changed)}); "
+                raise NasError(f"{path} holds a standalone result trained with other settings ({', '.join(changed)}); "
                                  f"pass another --out or delete that file")
             dirty = False
             if stored.get("inherited") is not None and stored.get("inherited_key") == inherited_key:

@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from nas.errors import NasError
 from nas.io import atomic_path, atomic_write_text
 
 __all__ = ["average_snapshots", "latest_snapshots", "average_checkpoints", "save_snapshot", "prune_snapshots",
@@ -41,7 +42,7 @@ def snapshot_step(path: Path) -> int:
     """
     match = _STEP_FILE.match(Path(path).name)
     if match is None:
-        raise ValueError(f"{path} is not a snapshot file (expected step_<8 digits>.safetensors)")
+        raise NasError(f"{path} is not a snapshot file (expected step_<8 digits>.safetensors)")
     return int(match.group(1))
 
 
@@ -84,10 +85,10 @@ def latest_snapshots(folder: str | Path, n: int) -> list[Path]:
     """
     folder = Path(folder)
     if n < 1:
-        raise ValueError(f"number of snapshots to average must be >= 1, got {n}")
+        raise NasError(f"number of snapshots to average must be >= 1, got {n}")
     found = _snapshots(folder)
     if len(found) < n:
-        raise ValueError(f"{folder} holds {len(found)} snapshot(s) (step_*.safetensors), fewer than the {n} requested; "
+        raise NasError(f"{folder} holds {len(found)} snapshot(s) (step_*.safetensors), fewer than the {n} requested; "
                          f"the trainer writes one every train.checkpoint_every steps and keeps train.keep_last")
     return found[-n:]
 
@@ -104,7 +105,7 @@ def average_snapshots(paths: list[Path]) -> dict[str, torch.Tensor]:
             first file's (names that file and the tensor).
     """
     if not paths:
-        raise ValueError("no snapshot files to average")
+        raise NasError("no snapshot files to average")
     first = Path(paths[0])
     reference = load_file(str(first))
     dtypes = {name: t.dtype for name, t in reference.items()}
@@ -114,11 +115,11 @@ def average_snapshots(paths: list[Path]) -> dict[str, torch.Tensor]:
         tensors = load_file(str(path))
         if tensors.keys() != sums.keys():
             missing, extra = sorted(sums.keys() - tensors.keys()), sorted(tensors.keys() - sums.keys())
-            raise ValueError(f"{path}: tensor names differ from {first}: missing {missing[:3]}, "
+            raise NasError(f"{path}: tensor names differ from {first}: missing {missing[:3]}, "
                              f"unexpected {extra[:3]}")
         for name, tensor in tensors.items():
             if tensor.shape != sums[name].shape:
-                raise ValueError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} "
+                raise NasError(f"{path}: tensor {name!r} has shape {tuple(tensor.shape)} "
                                  f"but {tuple(sums[name].shape)} in {first}")
             sums[name] += tensor.to(torch.float32)
     return {name: (total / len(paths)).to(dtypes[name]) for name, total in sums.items()}

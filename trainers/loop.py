@@ -37,6 +37,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from nas.errors import NasError
 from nas.builders import build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
 from nas.evaluate import corpus_scores, translate, valid_loss
@@ -314,7 +315,7 @@ def check_fingerprint(out_dir: Path, fingerprint: str) -> None:
     stored = out_dir / "fingerprint.json"
     has_files = (out_dir / CHECKPOINT).is_file() or (out_dir / f"{SUPERNET}.safetensors").is_file()
     if has_files and (not stored.is_file() or stored.read_text() != fingerprint):
-        raise ValueError(f"{out_dir} holds a supernet trained with another configuration or an older nas version; "
+        raise NasError(f"{out_dir} holds a supernet trained with another configuration or an older nas version; "
                          f"delete that folder or set another `workdir`/`name` in the YAML")
 
 
