@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nas.search.runner import _run_config, ray_dir
+from nas.search.tune import ray_dir, run_config
 from nas.space import SpecError, parse_spec
 from tests.conftest import REPO, nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
@@ -24,7 +24,7 @@ def test_ray_experiments_default_to_the_sweep_folder(multi30k, tmp_path):
     spec = _spec(multi30k, tmp_path)
     exp = ray_dir(spec, "tiny-1", "search")
     assert exp == (tmp_path / "runs" / "tiny" / "ray" / "tiny-1-search").resolve()
-    config = _run_config(exp, [], 0)
+    config = run_config(exp, [], 0)
     assert (config.storage_path, config.name) == (str(exp.parent), "tiny-1-search")
 
 
@@ -38,7 +38,7 @@ def test_storage_path_uri_is_kept_as_a_uri(multi30k, tmp_path):
     spec = _spec(multi30k, tmp_path, storage_path="s3://bucket/nas/")
     exp = ray_dir(spec, "tiny-1", "search")
     assert exp == "s3://bucket/nas/tiny-1-search"
-    config = _run_config(exp, [], 0)
+    config = run_config(exp, [], 0)
     assert (config.storage_path, config.name) == ("s3://bucket/nas", "tiny-1-search")
 
 

@@ -271,7 +271,7 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_before_restore(tmp_pa
 
     from ray import cloudpickle
 
-    from nas.search.runner import _restorable
+    from nas.search.tune import restorable
 
     exp = tmp_path / "sweep-search"
     exp.mkdir()
@@ -281,16 +281,16 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_before_restore(tmp_pa
     (exp / f"experiment_state-{newer}.json").write_text('{"trial_da')  # the kill cut Ray's copy short
     for session in (older, newer):
         (exp / f"search_gen_state-{session}.json").write_bytes(cloudpickle.dumps({"counter": 1}))
-    assert _restorable(exp)
+    assert restorable(exp)
     names = sorted(p.name for p in exp.iterdir())
     assert f"experiment_state-{newer}.json.corrupt" in names
     assert f"search_gen_state-{newer}.json.ahead" in names  # it would go with the lost trial list
     assert f"experiment_state-{older}.json" in names and f"search_gen_state-{older}.json" in names
 
     (exp / f"search_gen_state-{older}.json").write_bytes(b"\x80\x05trunc")
-    assert not _restorable(exp) and not exp.exists()  # no searcher state: a fresh experiment, set aside
+    assert not restorable(exp) and not exp.exists()  # no searcher state: a fresh experiment, set aside
     assert len(list(tmp_path.glob("sweep-search.unrestorable-*"))) == 1
 
     exp.mkdir()
     (exp / "tuner.pkl").write_bytes(pickle.dumps({"ok": 1})[:5])  # killed while Tuner() wrote it
-    assert not _restorable(exp)
+    assert not restorable(exp)

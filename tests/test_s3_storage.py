@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from nas.search.runner import _restorable, _run_config, ray_dir
+from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
 from tests.test_resume import _completed_trials, _kill
@@ -41,7 +41,7 @@ def test_experiment_uris_keep_the_query_last(multi30k, tmp_path):
     spec = parse_spec(tiny_spec_dict(multi30k, tmp_path, resources={"cpu": 1, "storage_path": storage}))
     exp = ray_dir(spec, "tiny-1", "search")
     assert exp == "s3://bucket/nas/tiny-1-search?endpoint_override=127.0.0.1:8333&scheme=http"
-    config = _run_config(exp, [], 0)
+    config = run_config(exp, [], 0)
     assert (config.storage_path, config.name) == ("s3://bucket/nas?endpoint_override=127.0.0.1:8333&scheme=http",
                                                   "tiny-1-search")
 
@@ -56,26 +56,26 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_in_the_bucket(s3_stor
         with fs.open_output_stream(f"{path}/{name}") as f:
             f.write(blob)
 
-    assert not _restorable(exp)  # nothing there yet
+    assert not restorable(exp)  # nothing there yet
     put("tuner.pkl", pickle.dumps({"ok": 1}))
     older, newer = "2026-01-01_00-00-00", "2026-01-01_00-10-00"
     put(f"experiment_state-{older}.json", b'{"trial_data": []}')
     put(f"experiment_state-{newer}.json", b'{"trial_da')  # cut short (a copy made before the upload)
     for session in (older, newer):
         put(f"search_gen_state-{session}.json", cloudpickle.dumps({"counter": 1}))
-    assert _restorable(exp)
+    assert restorable(exp)
     names = _names(exp)
     assert f"experiment_state-{newer}.json.corrupt" in names and f"experiment_state-{newer}.json" not in names
     assert f"search_gen_state-{newer}.json.ahead" in names  # it would go with the lost trial list
     assert f"experiment_state-{older}.json" in names and f"search_gen_state-{older}.json" in names
 
     put(f"search_gen_state-{older}.json", b"\x80\x05trunc")
-    assert not _restorable(exp) and _names(exp) == []  # no searcher state: set aside, a fresh experiment
+    assert not restorable(exp) and _names(exp) == []  # no searcher state: set aside, a fresh experiment
     (aside,) = [n for n in _names(s3_storage) if n.startswith("sweep-search.unrestorable-")]
     assert f"experiment_state-{older}.json" in _names(s3_storage.replace("/ray?", f"/ray/{aside}?"))
 
     put("tuner.pkl", pickle.dumps({"ok": 1})[:5])  # killed while Tuner() wrote it
-    assert not _restorable(exp)
+    assert not restorable(exp)
 
 
 def _ray_trials(exp: str) -> list:
