@@ -198,7 +198,8 @@ def test_training_runs_each_width_with_its_dropout_rate(prepared, tmp_path, monk
     def spying_build(*args):
         model = build_supernet(*args)
         model.register_forward_pre_hook(
-            lambda m, inputs, kwargs: seen.append((inputs[2].model_width, kwargs["reg"].dropout)), with_kwargs=True)
+            lambda m, inputs, kwargs: seen.append((inputs[2].model_width, kwargs["reg"].dropout))
+            if kwargs.get("reg") else None, with_kwargs=True)  # training forwards only (evaluation passes no reg)
         return model
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
