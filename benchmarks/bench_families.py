@@ -24,7 +24,9 @@ from typing import Callable
 
 import torch
 
-from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion, path_ffn
+from nas.model.attention import MultiBranchAttention
+from nas.model.ffn import ElasticFFN, path_ffn
+from nas.model.paths import PathFusion
 from nas.model.supernet import extract
 from nas.precision import autocast_for, resolve_precision
 from nas.space.space import SearchSpace

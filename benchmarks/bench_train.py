@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from nas.data import TokenBatcher
-from nas.model.layers import sinusoidal_positions
+from nas.model.ops import sinusoidal_positions
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
 from nas.precision import autocast_for, resolve_precision
