@@ -316,7 +316,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     if onnx:
         import pyarrow.parquet as pq
 
-        from nas.onnx_export import export_onnx, verify_onnx
+        from nas.export.onnx import export_onnx, verify_onnx
 
         export_onnx(path, path)
         valid = Path(tags["nas.data_dir"]) / "valid.parquet"  # real sentences of the sweep's validation set
@@ -335,7 +335,7 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
     import mlflow
 
     from nas import tracking
-    from nas.mlflow_model import DEFAULT_EXAMPLE, log_translator
+    from nas.export.mlflow_model import DEFAULT_EXAMPLE, log_translator
 
     example = list(DEFAULT_EXAMPLE)
     if valid.is_file():  # real sentences of the sweep's validation set as the input example

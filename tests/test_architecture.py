@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "trainers")
 LAYERS: list[tuple[str, ...]] = [
-    ("nas.errors", "nas.io", "nas.faults"),
+    ("nas.errors", "nas.io", "nas.faults", "nas.export.translate_onnx"),
     ("nas.space",),
     ("nas.data",),
     ("nas.model", "nas.precision"),
@@ -33,12 +33,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("trainers",),
     ("nas.tracking", "nas.plots"),
     ("nas.search", "nas.fidelity", "nas.preflight"),
-    ("nas.export", "nas.onnx_export", "nas.mlflow_model", "nas.report"),
+    ("nas.export", "nas.report"),
     ("nas.cli", "nas.api", "=nas"),
 ]
 """Module prefixes of each layer, bottom first; the longest matching prefix decides; ``=name`` matches
 that module only (``nas/__init__.py`` is the lazy public API, at the top)."""
 HEAVY = ("torch", "ray", "optuna", "mlflow")
+STANDALONE = {"nas.export.translate_onnx": ("numpy", "onnxruntime", "sentencepiece")}
+"""Modules that run outside the package (copied into an ONNX folder): the standard library and these
+distributions only, nothing first-party."""
 
 
 def layer_of(module: str, layers: list[tuple[str, ...]] = LAYERS) -> int:
@@ -186,6 +189,24 @@ def test_dependencies_point_one_way_without_cycles_or_private_names():
 def test_every_module_has_a_layer():
     for name in modules(ROOT):
         layer_of(name)  # raises LookupError naming the module
+
+
+def test_standalone_modules_import_only_the_standard_library_and_their_runtime():
+    known = modules(ROOT)
+    found = []
+    for name, allowed in STANDALONE.items():
+        path = known[name]
+        found += [f"{name}:{line}: imports {target}" for target, line, _ in imports(name, path, known)]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                tops = [(a.name.split(".")[0], node.lineno) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                tops = [("." * node.level + (node.module or "").split(".")[0], node.lineno)]
+            else:
+                continue
+            found += [f"{name}:{line}: imports {top}" for top, line in tops
+                      if top not in sys.stdlib_module_names and top not in allowed]
+    assert not found, "\n".join(found)
 
 
 def _loaded_after(code: str) -> set[str]:

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from nas import tracking
 from nas.cli import app
 from nas.data import Tokenizer, read_lines
-from nas.mlflow_model import EXPORT_FILES, pip_requirements
+from nas.export.mlflow_model import EXPORT_FILES, pip_requirements
 from nas.model import SuperTransformer
 from nas.model.io import save_model
 from nas.space.arch import Arch, StackArch
@@ -131,7 +131,9 @@ def test_logged_model_has_signature_example_artifacts_and_pinned_requirements(re
     requirements = (local / "requirements.txt").read_text().split()
     assert requirements == pip_requirements() and any(r.startswith("torch==") for r in requirements)
     assert not any(r.split("==")[0] in {"ray", "optuna"} for r in requirements)
-    assert (local / "code" / "nas" / "export.py").is_file() and not list((local / "code").rglob("__pycache__"))
+    code = local / "code"  # the whole nas package, not only its export/ subpackage
+    assert (code / "nas" / "export" / "folder.py").is_file() and (code / "nas" / "model" / "supernet.py").is_file()
+    assert not list(code.rglob("__pycache__"))
 
 
 def test_register_refuses_a_blank_name_before_exporting(registered):

@@ -12,7 +12,7 @@ from nas.evaluate import translate
 from nas.export import export_arch, load_export
 from nas.model import SuperTransformer
 from nas.model.io import save_model
-from nas.onnx_export import MANIFEST, export_onnx, verify_onnx
+from nas.export.onnx import MANIFEST, export_onnx, verify_onnx
 from nas.space.arch import Arch, StackArch
 
 PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
@@ -129,12 +129,12 @@ def test_in_place_export_stays_a_nas_export_folder(exports):
 
 
 def test_a_failed_export_leaves_no_folder(tokenizer, tmp_path, monkeypatch):
-    import nas.onnx_export as onnx_export
+    import nas.export.onnx as onnx_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("exporter crashed")
 
-    monkeypatch.setattr(onnx_export, "_write_graphs", broken)
+    monkeypatch.setattr(onnx_module, "_write_graphs", broken)
     model = SuperTransformer(tokenizer.vocab_size, 16, 2, Arch(StackArch((16,), (32,)), StackArch((16,), (32,))))
     with pytest.raises(RuntimeError, match="exporter crashed"):
         export_onnx(model, tmp_path / "out", spm_model=tokenizer.model_path)

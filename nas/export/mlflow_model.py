@@ -2,7 +2,7 @@
 
 The model is an MLflow ``python_function`` (pyfunc) logged with *models from code*: a three-line
 entry file that builds :class:`Translator`, the ``nas`` package as its code path (so a client needs
-no ``nas`` install, only the pinned requirements), and the export folder of :mod:`nas.export`
+no ``nas`` install, only the pinned requirements), and the export folder of :mod:`nas.export.folder`
 (``model.safetensors``, ``model.json``, ``arch.json``, ``spm.model``, ``export.json``) as the
 artifact ``export_dir``. At load time only :func:`nas.export.load_export` runs: torch, safetensors,
 SentencePiece (and sacrebleu/pyarrow through ``nas.data``/``nas.evaluate``), never Ray or Optuna.
@@ -42,10 +42,10 @@ EXPORT_FILES = ("model.safetensors", "model.json", "arch.json", "spm.model", "ex
 DEFAULT_EXAMPLE = ("A man is riding a bike .", "Two dogs are playing in the snow .")
 # Distributions the pyfunc imports at load time (see the module docstring); pinned at logging time.
 _RUNTIME = ("mlflow", "torch", "safetensors", "sentencepiece", "numpy", "pyarrow", "sacrebleu", "rich")
-_ENTRY = '''"""MLflow models-from-code entry point written by nas.mlflow_model.log_translator."""
+_ENTRY = '''"""MLflow models-from-code entry point written by nas.export.mlflow_model.log_translator."""
 import mlflow
 
-from nas.mlflow_model import Translator
+from nas.export.mlflow_model import Translator
 
 mlflow.models.set_model(Translator())
 '''
@@ -74,7 +74,7 @@ def _sentences(model_input: Any) -> list[str]:
 
 
 class Translator(mlflow.pyfunc.PythonModel):
-    """pyfunc: raw source sentences -> detokenized translations (beam search of :mod:`nas.export`).
+    """pyfunc: raw source sentences -> detokenized translations (beam search of :mod:`nas.export.folder`).
 
     ``predict`` input: ``list[str]``, or a pandas DataFrame with a column ``src`` (n rows); output: a
     ``list[str]`` of n translations in input order. Param ``beam_size`` (int, default: the export's).
@@ -88,7 +88,7 @@ class Translator(mlflow.pyfunc.PythonModel):
     _skip_type_hint_validation = True
 
     def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
-        from nas.export import load_export
+        from nas.export.folder import load_export
 
         self._model = load_export(context.artifacts[ARTIFACT])
 
@@ -145,7 +145,7 @@ def log_translator(export_dir: str | Path, *, experiment: str, register: str | N
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
-    from nas import tracking  # not at module level: a loaded model needs only nas.export
+    from nas import tracking  # not at module level: a loaded model needs only nas.export.folder
 
     export_dir = Path(export_dir)
     missing = [f for f in EXPORT_FILES if not (export_dir / f).is_file()]
@@ -170,7 +170,7 @@ def log_translator(export_dir: str | Path, *, experiment: str, register: str | N
         for name in EXPORT_FILES:
             shutil.copyfile(export_dir / name, files / name)
         code = tmp / "code" / "nas"
-        shutil.copytree(Path(__file__).resolve().parent, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(Path(__file__).resolve().parents[1], code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         entry = tmp / "translator.py"
         entry.write_text(_ENTRY, encoding="utf-8")
         sys_path = list(sys.path)  # MLflow prepends the code path when it checks the input example

@@ -1,0 +1,52 @@
+"""A sub-Transformer out of the supernet: export folders, ONNX, MLflow models.
+
+What lives where (callers keep writing ``from nas.export import export_arch, load_export``: every public name
+below is re-exported here and loaded on first use, PEP 562, so ``import nas.export`` alone imports no torch,
+onnx or mlflow):
+
+- :mod:`nas.export.folder`: the export folder (``model.safetensors``, ``model.json``, ``arch.json``,
+  ``spm.model``, ``export.json``): :func:`export_arch`, :func:`load_export`, :class:`Exported`.
+- :mod:`nas.export.onnx`: :func:`export_onnx` (``encoder.onnx``, ``decoder_step.onnx``, ``onnx.json`` and
+  ``translate_onnx.py`` added to an export folder) and :func:`verify_onnx` (PyTorch against onnxruntime).
+- :mod:`nas.export.translate_onnx`: the standalone translation script copied into every ONNX folder
+  (onnxruntime, numpy and sentencepiece only; it imports nothing of ``nas``, so it is not re-exported).
+- :mod:`nas.export.mlflow_model`: an export folder as an MLflow pyfunc model (:func:`log_translator`,
+  :class:`Translator`); imports mlflow.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_MODULES = {
+    "folder": ("export_arch", "load_export", "Exported"),
+    "onnx": ("export_onnx", "verify_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"),
+    "mlflow_model": ("CHAMPION", "EXPORT_FILES", "LoggedTranslator", "Translator", "log_translator",
+                     "pip_requirements"),
+}
+"""Submodule -> the public names it defines (its ``__all__``)."""
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = ["CHAMPION", "EXPORT_FILES", "Exported", "LoggedTranslator", "MANIFEST", "MIN_OPSET", "TRANSLATE_SCRIPT",
+           "Translator", "export_arch", "export_onnx", "load_export", "log_translator", "pip_requirements",
+           "verify_onnx"]
+
+if TYPE_CHECKING:
+    from nas.export.folder import Exported, export_arch, load_export
+    from nas.export.mlflow_model import (CHAMPION, EXPORT_FILES, LoggedTranslator, Translator, log_translator,
+                                         pip_requirements)
+    from nas.export.onnx import MANIFEST, MIN_OPSET, TRANSLATE_SCRIPT, export_onnx, verify_onnx
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: load the submodule that defines ``name`` on first use."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'nas.export' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"nas.export.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
