@@ -21,7 +21,7 @@ The packages, bottom layer first (each imports only from the layers before it; t
 - ``builders``: spec -> supernet, prepared data, search space, sampler;
 - ``trainers`` (top-level package): the one training loop and its stages;
 - ``tracking``: MLflow runs, leaderboard queries, Pareto fronts, result files;
-- ``search``: Ray Tune + Optuna orchestration; ``fidelity``; ``preflight``;
+- ``search``: Ray Tune + Optuna orchestration, ranking fidelity (``search.fidelity``); ``preflight``;
 - ``export``, ``report``: export folders, ONNX, MLflow models; reports and plots;
 - ``cli``, ``api``: the ``nas`` command and this API.
 """

@@ -416,8 +416,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     if n_sent < batch_size:  # checked before any data is prepared or model loaded
         _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
     from nas.data import DataError
-    from nas.evaluate import encode_sources
-    from nas.latency import LatencyPredictor, collect_samples
+    from nas.eval.scores import encode_sources
+    from nas.eval.latency import LatencyPredictor, collect_samples
     from nas.model.io import atomic_write_text, load_model
     from nas.builders import prepare_sweep_data
     from nas.space.space import SearchSpace
@@ -461,7 +461,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
                                                     "(default: <workdir>/<name>/fidelity/steps_<N>_seed_<S>).")) -> None:
     """Ranking fidelity: inherited-weight scores of K sub-Transformers against the same ones trained from scratch
     (Kendall tau, Spearman rho). Resumable: rerun it to continue."""
-    from nas.fidelity import METRICS
+    from nas.search.fidelity import METRICS
 
     if metric not in METRICS:
         _fail(f"--metric {metric!r}: expected one of {' | '.join(METRICS)}")
@@ -469,7 +469,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
     from rich.table import Table
 
     from nas import tracking
-    from nas.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
+    from nas.search.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
     from nas.builders import prepare_sweep_data
 
     try:

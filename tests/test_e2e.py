@@ -218,7 +218,7 @@ def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
                  "--out", str(work / "lat.safetensors")], env, work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MAPE" in proc.stdout and "RMSE" in proc.stdout
-    from nas.latency import LatencyPredictor
+    from nas.eval.latency import LatencyPredictor
     from nas.space.arch import Arch
 
     predictor = LatencyPredictor.load(work / "lat.safetensors")

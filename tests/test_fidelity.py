@@ -1,4 +1,4 @@
-"""Ranking fidelity (nas.fidelity, `nas fidelity`): the spread of archs, the rank correlation, fresh standalone
+"""Ranking fidelity (nas.search.fidelity, `nas fidelity`): the spread of archs, the rank correlation, fresh standalone
 models, and a tiny end-to-end run through the CLI that is resumed without retraining."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from nas.fidelity import rank_correlation, spread_archs, standalone_model
+from nas.search.fidelity import rank_correlation, spread_archs, standalone_model
 from nas.model.supernet import count_params, extract
 from nas.space.space import SearchSpace
 from nas.space import parse_spec

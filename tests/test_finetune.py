@@ -157,7 +157,7 @@ def _asha_stops(histories: list[list[float]], grace: int, rf: int, max_t: int) -
 def test_sweep_fine_tunes_top_k_under_asha_and_a_rerun_replays(multi30k, tmp_path, tiny_supernet):
     import mlflow
 
-    from nas.evaluate import valid_loss
+    from nas.eval.scores import valid_loss
     from nas.model.io import load_model
     from nas.builders import prepare_sweep_data
     from nas.space.arch import Arch

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from nas.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
+from nas.eval.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
                          measure_latency)
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch, StackArch

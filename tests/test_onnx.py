@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nas.data import Tokenizer, read_lines
-from nas.evaluate import translate
+from nas.eval.scores import translate
 from nas.export import export_arch, load_export
 from nas.model import SuperTransformer
 from nas.model.io import save_model

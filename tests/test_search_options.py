@@ -172,7 +172,7 @@ def test_params_of_an_arch_outside_the_space_names_the_choice(multi30k, tmp_path
 @pytest.fixture(scope="module")
 def scored(multi30k, tiny_supernet, tmp_path_factory):
     """The tiny supernet, its data, an arch, and a predictor fitted on latencies of minutes (far above the real ones)."""
-    from nas.latency import LatencyPredictor
+    from nas.eval.latency import LatencyPredictor
     from nas.model.io import load_model
     from nas.builders import prepare_sweep_data
 
@@ -197,7 +197,7 @@ def scored(multi30k, tiny_supernet, tmp_path_factory):
 
 
 def test_predicted_latency_is_the_predictor_s_and_nothing_is_timed(scored):
-    from nas.latency import LatencyPredictor
+    from nas.eval.latency import LatencyPredictor
 
     raw, data, model, arch, path = scored
     spec = parse_spec({**raw, "search": {**raw["search"], "latency": "predicted", "latency_predictor": str(path)}})

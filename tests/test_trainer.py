@@ -132,7 +132,7 @@ def test_a_few_steps_on_the_unified_space_lower_the_loss_of_the_widest_and_the_n
     """search_spaces/unified.yaml's space and supernet (all five families) on the Multi30k slice."""
     import yaml
 
-    from nas.evaluate import valid_loss
+    from nas.eval.scores import valid_loss
     from nas.space.space import SearchSpace
     from tests.conftest import REPO
     from nas.builders import build_supernet

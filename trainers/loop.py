@@ -40,7 +40,7 @@ from rich.progress import (
 from nas.errors import NasError
 from nas.builders import build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
-from nas.evaluate import corpus_scores, translate, valid_loss
+from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.io import atomic_path, atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer

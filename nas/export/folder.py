@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nas.data import Tokenizer
-from nas.evaluate import translate
+from nas.eval.scores import translate
 from nas.model.io import atomic_write_text, load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch

@@ -5,7 +5,7 @@ entry file that builds :class:`Translator`, the ``nas`` package as its code path
 no ``nas`` install, only the pinned requirements), and the export folder of :mod:`nas.export.folder`
 (``model.safetensors``, ``model.json``, ``arch.json``, ``spm.model``, ``export.json``) as the
 artifact ``export_dir``. At load time only :func:`nas.export.load_export` runs: torch, safetensors,
-SentencePiece (and sacrebleu/pyarrow through ``nas.data``/``nas.evaluate``), never Ray or Optuna.
+SentencePiece (and sacrebleu/pyarrow through ``nas.data``/``nas.eval.scores``), never Ray or Optuna.
 
 Usage once registered (``nas export ... --register NAME``)::
 

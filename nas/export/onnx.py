@@ -398,7 +398,7 @@ def _stage_source(source: str | Path | SuperTransformer, tmp: Path, spm_model: s
 
 
 def _encode_batch(tokenizer: Tokenizer, sentences: list[str], max_src_tokens: int, pad_id: int) -> torch.Tensor:
-    """Source ids ``[b, s]`` as ``nas.evaluate.translate`` builds them: truncated, EOS, PAD-padded."""
+    """Source ids ``[b, s]`` as ``nas.eval.scores.translate`` builds them: truncated, EOS, PAD-padded."""
     ids = [x[: max_src_tokens - 1] + [EOS_ID] for x in tokenizer.encode(sentences)]
     src = torch.full((len(ids), max(map(len, ids))), pad_id, dtype=torch.long)
     for row, x in enumerate(ids):

@@ -6,9 +6,33 @@
 - ``trials``: the Ray Tune trainables (supernet training, inherited-weight scoring);
 - ``callbacks``: MLflow child runs from Ray Tune results (one writer: the driver);
 - ``finetune``: the ASHA fine-tune stage of the best candidates;
-- ``ddp``: data-parallel supernet training through Ray Train.
+- ``ddp``: data-parallel supernet training through Ray Train;
+- ``fidelity``: ranking fidelity, inherited-weight scores against standalone training (``nas fidelity``;
+  imports no ray or optuna).
+
+The public names below come from ``runner`` and are loaded on first use (PEP 562), so importing
+``nas.search.fidelity`` does not import ray.
 """
 
-from nas.search.runner import SweepFailed, SweepResult, SweepStatus, run_sweep, sweep_status
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nas.search.runner import SweepFailed, SweepResult, SweepStatus, run_sweep, sweep_status
 
 __all__ = ["run_sweep", "SweepResult", "SweepFailed", "SweepStatus", "sweep_status"]
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: load :mod:`nas.search.runner` on first use of a public name."""
+    if name not in __all__:
+        raise AttributeError(f"module 'nas.search' has no attribute {name!r}")
+    value = getattr(importlib.import_module("nas.search.runner"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

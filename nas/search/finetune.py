@@ -19,7 +19,7 @@ search). With ``search.finetune`` in the YAML (:class:`~nas.space.schema.Finetun
    ``<workdir>/<name>/finetune/<NNNNN>/`` (``model.safetensors``, ``model.json``, ``arch.json``; NNNNN the
    Optuna trial number), so a stopped sub-Transformer keeps the weights it was stopped with.
 3. A sub-Transformer that runs all its steps reports its final BLEU, chrF and validation loss
-   (:func:`nas.fidelity.score_model`) beside the inherited ones. The summary table is printed and logged as
+   (:func:`nas.search.fidelity.score_model`) beside the inherited ones. The summary table is printed and logged as
    ``finetune.json`` on the sweep's parent run.
 
 MLflow: one child run per candidate under the sweep's parent run (role ``finetune``, tag ``nas.optuna_trial``),
@@ -48,8 +48,8 @@ from rich.table import Table
 
 from nas.errors import NasError
 from nas import tracking
-from nas.evaluate import valid_loss
-from nas.fidelity import score_model
+from nas.eval.scores import valid_loss
+from nas.search.fidelity import score_model
 from nas.model.io import atomic_write_text, save_model
 from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback

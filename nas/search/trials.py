@@ -27,7 +27,7 @@ from ray import tune
 
 from nas import faults
 from nas.data import PreparedData
-from nas.evaluate import corpus_scores, translate, valid_loss
+from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.model.io import atomic_write_text, load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
@@ -69,7 +69,7 @@ def load_supernet(directory: str) -> SuperTransformer:
 
 @functools.lru_cache(maxsize=2)
 def _predictor(path: str):
-    from nas.latency import LatencyPredictor
+    from nas.eval.latency import LatencyPredictor
 
     return LatencyPredictor.load(path)
 
@@ -81,13 +81,13 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and
     ``latency_ms``: with ``search.latency: measured``, the median ms to translate one sentence (batch size 1,
     beam search, embeddings and output projection included) with the extracted sub-Transformer over the first
-    ``search.latency_sentences`` validation sentences (:func:`nas.latency.measure_latency`, as
+    ``search.latency_sentences`` validation sentences (:func:`nas.eval.latency.measure_latency`, as
     ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
     (HAT sec. 3.3). When a predictor is given with ``measured``, ``latency_pred_ms`` is added and
     ``latency_drift`` (``|pred - measured| / measured``), and a drift above 20% is warned about.
     """
-    from nas.evaluate import encode_sources
-    from nas.latency import check_drift, measure_latency
+    from nas.eval.scores import encode_sources
+    from nas.eval.latency import check_drift, measure_latency
 
     se = spec.search
     src_text, refs = data.valid_text()

@@ -2,7 +2,7 @@
 
 ``nas latency fit`` writes a predictor as ``<name>.safetensors`` (the MLP's weights) plus ``<name>.json`` (the
 sidecar: format, feature names, standardisation, model_dim, batch size, beam, device, metrics);
-:class:`nas.latency.LatencyPredictor` loads both. A sweep YAML that names a predictor
+:class:`nas.eval.latency.LatencyPredictor` loads both. A sweep YAML that names a predictor
 (``search.latency_predictor``) is checked with :func:`read_predictor_meta` here, so loading a YAML never
 imports torch (HAT, Wang et al. 2020, sec. 3.3: a predictor is fitted once per device).
 
@@ -36,7 +36,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"decoder.{name}" for name in STACK_FEATURES),
     "model_width",
 )
-"""Names of :func:`nas.latency.arch_features`' entries, in order (a saved predictor checks them on load).
+"""Names of :func:`nas.eval.latency.arch_features`' entries, in order (a saved predictor checks them on load).
 
 Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``ffn_width``
 (F_l, channels), ``branches``, ``paths`` and ``units``; ``prime_layers`` (count);

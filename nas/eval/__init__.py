@@ -1,0 +1,47 @@
+"""Scoring a sub-Transformer: translation quality and loss, latency and its predictor.
+
+What lives where (every public name below is re-exported here and loaded on first use, PEP 562, so
+``import nas.eval`` alone imports no torch):
+
+- :mod:`nas.eval.scores`: :func:`translate` (beam search over raw sentences), :func:`corpus_scores` (BLEU and
+  chrF, sacrebleu), :func:`valid_loss` (NLL, nats per target token), :func:`encode_sources`, :class:`Scores`.
+- :mod:`nas.eval.latency`: :func:`measure_latency` (median ms per batch), :func:`collect_samples`,
+  :func:`arch_features` and the HAT-style :class:`LatencyPredictor`, :func:`check_drift`, :func:`describe_device`.
+
+Ranking fidelity (inherited against standalone scores) trains models, so it sits above the trainers:
+:mod:`nas.search.fidelity`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_MODULES = {
+    "scores": ("translate", "corpus_scores", "valid_loss", "encode_sources", "Scores"),
+    "latency": ("FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
+                "LatencyPredictor", "check_drift"),
+}
+"""Submodule -> the public names it defines (its ``__all__``)."""
+_HOMES = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = ["FEATURE_NAMES", "LatencyPredictor", "Scores", "arch_features", "check_drift", "collect_samples",
+           "corpus_scores", "describe_device", "encode_sources", "measure_latency", "translate", "valid_loss"]
+
+if TYPE_CHECKING:
+    from nas.eval.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
+                                  describe_device, measure_latency)
+    from nas.eval.scores import Scores, corpus_scores, encode_sources, translate, valid_loss
+
+
+def __getattr__(name: str) -> Any:
+    """PEP 562: load the submodule that defines ``name`` on first use."""
+    if name not in _HOMES:
+        raise AttributeError(f"module 'nas.eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"nas.eval.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
