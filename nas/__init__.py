@@ -20,9 +20,9 @@ The packages, bottom layer first (each imports only from the layers before it; t
 - ``eval``: scores (BLEU, chrF, loss), latency measurement and the latency predictor;
 - ``builders``: spec -> supernet, prepared data, search space, sampler;
 - ``trainers`` (top-level package): the one training loop and its stages;
-- ``tracking``: MLflow runs, leaderboard queries, Pareto fronts, result files;
+- ``tracking``: MLflow runs, leaderboard queries, Pareto fronts and their plot, result files;
 - ``search``: Ray Tune + Optuna orchestration, ranking fidelity (``search.fidelity``); ``preflight``;
-- ``export``, ``report``: export folders, ONNX, MLflow models; reports and plots;
+- ``export``, ``report``: export folders, ONNX, MLflow models; sweep reports;
 - ``cli``, ``api``: the ``nas`` command and this API.
 """
 

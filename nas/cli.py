@@ -211,7 +211,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     except NasError as e:
         _fail(str(e))
     if scan is not None and plot_file is not None:
-        from nas.plots import write_pareto_plot
+        from nas.tracking.plots import write_pareto_plot
 
         write_pareto_plot(scan, plot_file, title=f"{experiment}{f' / {sweep_id}' if sweep_id else ''}: "
                                                  f"{len(scan.front)} of {scan.scanned} trials on the front")

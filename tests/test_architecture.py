@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nas.eval",),
     ("nas.builders",),
     ("trainers",),
-    ("nas.tracking", "nas.plots"),
+    ("nas.tracking",),
     ("nas.search", "nas.preflight"),
     ("nas.export", "nas.report"),
     ("nas.cli", "nas.api", "=nas"),

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from nas import tracking
 from nas.cli import app
-from nas.plots import PARETO_PLOT, log_pareto_plot, pareto_png
+from nas.tracking.plots import PARETO_PLOT, log_pareto_plot, pareto_png
 from nas.tracking import DEFAULT_OBJECTIVES, Objective, pareto_mask
 from tests.test_tracking import EXP, empty_mlflow_db, mlflow_uri, populated  # noqa: F401 (fixtures)
 

@@ -251,7 +251,7 @@ def test_a_relative_predictor_path_is_made_absolute_and_only_sweeps_require_it(m
 
 
 def test_the_front_is_taken_over_the_feasible_points_only():
-    from nas.plots import pareto_png
+    from nas.tracking.plots import pareto_png
     from nas.tracking import Objective, ParetoScan
 
     objectives = (Objective("bleu", True), Objective("latency_ms", False))

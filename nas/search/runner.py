@@ -33,7 +33,7 @@ from rich.console import Console
 from nas.errors import NotFoundError
 from nas import tracking
 from nas.builders import prepare_sweep_data
-from nas.plots import log_pareto_plot
+from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, redact_url
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial

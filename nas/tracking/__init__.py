@@ -14,6 +14,9 @@ mlflow):
 - :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints.
 - :mod:`nas.tracking.writers`: :func:`leaderboard_table` (rich) and :func:`write_leaderboard` (CSV, JSON,
   Parquet; atomic, :mod:`nas.io`) (no mlflow).
+- :mod:`nas.tracking.plots`: the Pareto plot of a sweep (matplotlib, loaded when drawing): :func:`pareto_png`,
+  :func:`write_pareto_plot`, :func:`log_pareto_plot`. Import it from the module: it is built on this package's
+  API, so it is not re-exported here.
 """
 
 from __future__ import annotations

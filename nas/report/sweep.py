@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from nas.errors import NasError
 from nas.model.io import atomic_write_bytes
 from nas import tracking
-from nas.plots import pareto_png
+from nas.tracking.plots import pareto_png
 from nas.tracking.pareto import Objective
 from nas.tracking.rows import LeaderboardRow
 
