@@ -17,7 +17,7 @@ import pytest
 from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.test_resume import _completed_trials, _kill
+from tests.search.test_resume import _completed_trials, _kill
 
 TRIALS = 4
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from nas.space import SpecError, SweepSpec, load_spec, parse_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASES = {p.name: yaml.safe_load(p.read_text(encoding="utf-8")) for p in sorted((REPO / "search_spaces").glob("*.yaml"))}
 SOURCE = "fuzz.yaml"
 TOP_KEYS = tuple(SweepSpec.model_fields)

@@ -13,7 +13,7 @@ from nas.space.arch import Arch
 from nas.space.space import SearchSpace, format_count
 from nas.space import SpecError, load_spec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SWEEP_FILES = sorted((REPO / "search_spaces").glob("*.yaml"))
 BAD_SPECS = sorted((REPO / "tests" / "bad_specs").glob("*.yaml"))
 QUICKSTART = "search_spaces/quickstart.yaml"

@@ -14,7 +14,7 @@ from nas import tracking
 from nas.cli import app
 from nas.tracking.plots import PARETO_PLOT, log_pareto_plot, pareto_png
 from nas.tracking import DEFAULT_OBJECTIVES, Objective, pareto_mask
-from tests.test_tracking import EXP, empty_mlflow_db, mlflow_uri, populated  # noqa: F401 (fixtures)
+from tests.tracking.test_tracking import EXP, empty_mlflow_db, mlflow_uri, populated  # noqa: F401 (fixtures)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

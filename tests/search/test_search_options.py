@@ -125,7 +125,7 @@ def test_a_point_enqueued_just_before_a_kill_is_asked_once_by_the_next_driver(mu
 
 
 @pytest.mark.parametrize("yaml_file", sorted(Path("search_spaces").glob("*.yaml")) or
-                         sorted((Path(__file__).parents[1] / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
+                         sorted((Path(__file__).parents[2] / "search_spaces").glob("*.yaml")), ids=lambda p: p.name)
 def test_reference_points_round_trip_through_optuna_params(yaml_file):
     from nas.space import load_spec
 
@@ -139,7 +139,7 @@ def test_reference_points_round_trip_through_optuna_params(yaml_file):
 def test_a_one_kernel_point_written_as_a_yaml_int_is_its_label():
     from nas.space import load_spec
 
-    space = SearchSpace.from_spec(load_spec(Path(__file__).parents[1] / "search_spaces" / "prime.yaml", check_files=False))
+    space = SearchSpace.from_spec(load_spec(Path(__file__).parents[2] / "search_spaces" / "prime.yaml", check_files=False))
     name = "encoder.kernels.0"
     single = next(label for label in space._labels(name) if label.isdigit())
     assert space.check_params({name: int(single)}) is None

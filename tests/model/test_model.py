@@ -287,7 +287,7 @@ def test_beam_search_scores_equal_a_full_recomputation_of_the_chosen_hypotheses(
     assert hyps != greedy or arch is None  # the test must exercise real beam reordering
 
 
-SWEEP_FILES = sorted((Path(__file__).resolve().parents[1] / "search_spaces").glob("*.yaml"))
+SWEEP_FILES = sorted((Path(__file__).resolve().parents[2] / "search_spaces").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
