@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from nas.model import SuperTransformer, beam_search, count_params, extract
+from nas.model import Regularization, SuperTransformer, beam_search, count_params, extract
 from nas.space.arch import Arch, StackArch
 
 V, C, H = 37, 16, 2
@@ -203,9 +203,13 @@ def test_arch_beyond_maxima_is_refused_with_the_choice_named():
         model(*_batch(), bad)
 
 
-def test_drop_branch_is_active_in_training_only():
+def test_drop_branch_is_active_only_when_passed():
+    """Regularisation is an argument of the call: none without ``reg`` (eval or train mode), the
+    configured drop-branch with ``reg=model.regularization()``; the model's config is never touched."""
     torch.manual_seed(0)
     model = SuperTransformer(V, C, H, _maxima(branches=2), dropout=0.0, drop_branch=0.5)
+    assert model.regularization() == Regularization(dropout=0.0, attention_dropout=0.0, drop_branch=0.5)
+    assert model.regularization(drop_branch=0.1).drop_branch == 0.1 and model.drop_branch == 0.5
     src, tgt = _batch()
     model.eval()
     with torch.no_grad():
@@ -213,8 +217,18 @@ def test_drop_branch_is_active_in_training_only():
     assert torch.equal(a, b)
     model.train()
     with torch.no_grad():
-        c, d = model(src, tgt), model(src, tgt)
+        c, d = model(src, tgt, reg=model.regularization()), model(src, tgt, reg=model.regularization())
+        e = model(src, tgt)
     assert not torch.allclose(c, d)
+    assert torch.equal(a, e)
+    assert model.config()["drop_branch"] == 0.5 and model.config()["dropout"] == 0.0
+
+
+def test_regularization_rejects_rates_outside_0_1():
+    with pytest.raises(ValueError, match="drop_branch=1.0"):
+        Regularization(drop_branch=1.0)
+    with pytest.raises(ValueError, match="dropout=-0.1"):
+        Regularization(dropout=-0.1)
 
 
 @pytest.mark.parametrize("paths,layout,kernels,units,model_width", [
