@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.model.kv_cache import ConvCache
-from nas.model.ops import path_project
+from nas.model.ops import Packed, apply, memoized, pack
 
 __all__ = ["DynamicConv"]
 
@@ -43,12 +43,19 @@ class DynamicConv(nn.Module):
         for group in self.w_out.data:
             nn.init.xavier_uniform_(group)
 
-    def kernel(self, x: torch.Tensor, kernels: tuple[int, ...]) -> torch.Tensor:
-        """The gated, combined dynamic kernel ``[U, b, t, K]`` (K = the largest chosen size) from ``x [U, b, t, C]``."""
-        units, big, c = x.size(0), max(kernels), x.size(-1)
+    def crop(self, units: int, kernels: tuple[int, ...], c: int, width: int) -> tuple[torch.Tensor, Packed, Packed]:
+        """The gate ``softmax(alpha) [U, n]`` (eq. 7) over the chosen ``kernels``, the kernel generators of all of
+        them as one packed projection ``[U, sum k, C]`` (eq. 6) and the output projection ``[U, C, D]``."""
         gate = torch.softmax(torch.stack([self.gate[str(k)][:units] for k in kernels], -1), -1)  # [U, n] eq. 7
-        logits = path_project(x, torch.cat([self.gen_weight[str(k)][:units, :, :c] for k in kernels], 1),
-                              torch.cat([self.gen_bias[str(k)][:units] for k in kernels], 1))  # [U, b, t, sum k]
+        gen = pack(torch.cat([self.gen_weight[str(k)][:units, :, :c] for k in kernels], 1),
+                   torch.cat([self.gen_bias[str(k)][:units] for k in kernels], 1))
+        return gate, gen, pack(self.w_out[:units, :c, :width], self.b_out[:units, :c])
+
+    def kernel(self, x: torch.Tensor, kernels: tuple[int, ...], gate: torch.Tensor, gen: Packed) -> torch.Tensor:
+        """The gated, combined dynamic kernel ``[U, b, t, K]`` (K = the largest chosen size) from ``x [U, b, t, C]``
+        (``gate``, ``gen`` from :meth:`crop`)."""
+        big = max(kernels)
+        logits = apply(x, gen)  # [U, b, t, sum k]
         combined = x.new_zeros(*x.shape[:3], big, dtype=logits.dtype)
         for i, (k, part) in enumerate(zip(kernels, logits.split(list(kernels), dim=-1))):
             offset = big - k if self.causal else (big - k) // 2  # align the k taps inside the K window
@@ -60,9 +67,11 @@ class DynamicConv(nn.Module):
         """``x [U, b, t, C]`` (kernel input), ``v [U, b, t, D]`` (values) -> ``[U, b, t, C]``.
 
         ``pad [b, t]`` zeroes padded values; ``cache`` (causal, incremental decoding: ``x`` and ``v``
-        hold the newest positions) keeps the last ``K - 1`` values ``[U, b, K-1, D]``.
+        hold the newest positions) keeps the last ``K - 1`` values ``[U, b, K-1, D]`` and the cropped weights.
         """
-        units, big, width = v.size(0), max(kernels), v.size(-1)
+        units, big, width, c = v.size(0), max(kernels), v.size(-1), x.size(-1)
+        gate, gen, out_proj = memoized(None if cache is None else cache.memo, "weights", self.crop,
+                                       units, kernels, c, width)
         if pad is not None:
             v = v.masked_fill(pad[None, :, :, None], 0.0)
         left = big - 1 if self.causal else (big - 1) // 2
@@ -72,6 +81,5 @@ class DynamicConv(nn.Module):
         else:
             padded = F.pad(v, (0, 0, left, right))  # [U, b, left+t+right, D]
         windows = padded.unfold(2, big, 1)  # [U, b, t, D, K]
-        out = torch.einsum("ubtk,ubtdk->ubtd", self.kernel(x, kernels).to(v.dtype), windows)
-        c = x.size(-1)
-        return path_project(out, self.w_out[:units, :c, :width], self.b_out[:units, :c])
+        out = torch.einsum("ubtk,ubtdk->ubtd", self.kernel(x, kernels, gate, gen).to(v.dtype), windows)
+        return apply(out, out_proj)

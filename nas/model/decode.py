@@ -45,16 +45,18 @@ class IncrementalDecoder:
         self.src_pad = src_pad if src_pad is not None and bool(src_pad.any()) else None  # [n, s]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The newest token of each row ``[n, 1]`` (at position ``self.pos``) -> next-token logits ``[n, V]``.
+        """The newest tokens of each row ``[n, t]`` (positions ``self.pos .. self.pos + t - 1``; usually
+        ``t = 1``) -> the logits of the token after the last ``[n, V]``. Several tokens at once attend
+        causally, as one token at a time would (e.g. a forced prefix).
 
         Raises:
-            ValueError: the position reaches the model's ``max_positions``.
+            ValueError: the positions reach the model's ``max_positions``.
         """
         model, pos = self.model, self.pos
-        x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, 1, C]
+        x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, t, C]
         for layer, dims, cache in zip(model.decoder, self.dims, self.caches):
             x = layer(x, self.memory, dims, self.src_pad, cache=cache)
-        self.pos = pos + 1
+        self.pos = pos + tokens.size(1)
         return model.output_logits(x[:, -1])  # [n, V]
 
     def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
@@ -76,7 +78,8 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     """Translate a batch with beam search; returns the best hypothesis per sentence (ids, no BOS/EOS).
 
     Hypotheses are ranked by ``sum log p / len**len_penalty`` (len counts the EOS), as in
-    fairseq. A sentence is finished once ``beam_size`` hypotheses ended in EOS; finished
+    fairseq. PAD (``model.pad_id``) and BOS are never emitted (their log-probabilities are set
+    to -inf, as fairseq's ``SequenceGenerator`` does for PAD). A sentence is finished once ``beam_size`` hypotheses ended in EOS; finished
     sentences leave the batch, and decoding stops when all are finished or after
     ``max_len_a * src_len + max_len_b`` tokens (EOS is forced at that length).
 
@@ -108,6 +111,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     active = torch.arange(bsz, device=device)  # sentence ids still decoding
     max_len = max_len.tolist()
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
+    never = torch.tensor(sorted({model.pad_id, bos_id} - {eos_id}), device=device)
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
@@ -116,6 +120,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         else:
             logits = model.decode(tokens, memory, src_pad, arch)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n_act, k, vocab)
+        lprobs[..., never] = float("-inf")  # PAD and BOS are never emitted
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
         if any(at_limit_list):

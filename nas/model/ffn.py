@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.model.ops import dropout as drop
-from nas.model.ops import path_project
+from nas.model.ops import Packed, apply, memoized, pack
 from nas.model.paths import PathFusion
 
 __all__ = ["ElasticFFN", "path_ffn"]
@@ -32,13 +32,23 @@ class ElasticFFN(nn.Module):
             for group in w.data.flatten(0, 1):
                 nn.init.xavier_uniform_(group)
 
-    def forward(self, xs: torch.Tensor, ffn_width: int, units: int = 1, dropout: float = 0.0) -> torch.Tensor:
-        """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major); ``dropout`` on the hidden layer."""
-        u, p, c = units, xs.size(0) // units, xs.size(-1)
+    def forward(self, xs: torch.Tensor, ffn_width: int, units: int = 1, dropout: float = 0.0,
+                memo: dict | None = None) -> torch.Tensor:
+        """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major); ``dropout`` on the hidden layer;
+        ``memo`` (incremental decoding) keeps the cropped weights for the batch."""
+        packed = None if memo is None else memo.get("ffn_plain")
+        if packed is None:
+            packed = memoized(memo, "ffn_plain", self.crop, units, xs.size(0) // units, ffn_width, xs.size(-1))
+        first, second = packed
+        hidden = F.relu(apply(xs, first))  # [G, b, t, F_l]
+        return apply(drop(hidden, dropout), second)
+
+    def crop(self, units: int, n_paths: int, ffn_width: int, c: int) -> tuple[Packed, Packed]:
+        """``w1[:U, :P, :F, :C]``, ``b1`` and ``w2[:U, :P, :C, :F]``, ``b2``, packed (:func:`~nas.model.ops.pack`)."""
+        u, p = units, n_paths
         w1, b1 = self.w1[:u, :p, :ffn_width, :c].flatten(0, 1), self.b1[:u, :p, :ffn_width].flatten(0, 1)
         w2, b2 = self.w2[:u, :p, :c, :ffn_width].flatten(0, 1), self.b2[:u, :p, :c].flatten(0, 1)
-        hidden = F.relu(path_project(xs, w1, b1))  # [G, b, t, F_l]
-        return path_project(drop(hidden, dropout), w2, b2)
+        return pack(w1, b1), pack(w2, b2)
 
     def fold(self, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ffn_width: int, c: int) -> tuple[torch.Tensor, ...]:
         """``(W1 g, b1 + W1 b, W2, b2)`` for ``LN_p(x) = x^ g_p + b_p``: ``[G, F, C]``, ``[G, F]``, ``[G, C, F]``, ``[G, C]``."""
@@ -66,12 +76,7 @@ class ElasticFFN(nn.Module):
         units, n_paths, c = ln_weight.size(0), ln_weight.size(1), xn.size(-1)
         _, bsz, t, _ = xn.shape
         groups = units * n_paths
-        if memo is None:
-            w1f, b1f, w2, b2 = self.fold(ln_weight, ln_bias, ffn_width, c)
-        else:
-            if "ffn" not in memo:
-                memo["ffn"] = self.fold(ln_weight, ln_bias, ffn_width, c)
-            w1f, b1f, w2, b2 = memo["ffn"]
+        w1f, b1f, w2, b2 = memoized(memo, "ffn", self.fold, ln_weight, ln_bias, ffn_width, c)
         if torch.is_autocast_enabled(xn.device.type):  # cast once, before the paths share it
             xn = xn.to(torch.get_autocast_dtype(xn.device.type))
         shared = xn.reshape(units, 1, bsz * t, c).expand(units, n_paths, bsz * t, c)
@@ -90,5 +95,5 @@ def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: i
     """
     units, c = xu.size(0), xu.size(-1)
     if units == 1 and n_paths == 1:
-        return ffn(fusion.paths_in(xu, 1), ffn_width, 1, dropout)
+        return ffn(fusion.paths_in(xu, 1, memo), ffn_width, 1, dropout, memo)
     return ffn.folded(F.layer_norm(xu, (c,)), *fusion.ln_affine(units, n_paths, c), ffn_width, dropout, memo)

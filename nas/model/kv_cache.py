@@ -45,6 +45,7 @@ class KVCache:
     def set(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store fixed keys/values ``[G, n, B*h, s, dh]`` (cross-attention over the encoder memory)."""
         self.k, self.v, self.length = k, v, k.size(3)
+        self.memo.pop("kv", None)
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the newest positions ``k, v [G, n, B*h, t, dh]``; return every position so far ``[G, n, B*h, T, dh]``."""
@@ -59,10 +60,27 @@ class KVCache:
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)  # [G, n, B*h, T_max, dh]
         while end > self.k.size(3):  # grow the buffers (doubling)
             self.k, self.v = (torch.cat([b, torch.zeros_like(b)], 3) for b in (self.k, self.v))
-        self.k[:, :, :, start:end] = k
-        self.v[:, :, :, start:end] = v
+        self.k.narrow(3, start, end - start).copy_(k)
+        self.v.narrow(3, start, end - start).copy_(v)
         self.length = end
-        return self.k[:, :, :, :end], self.v[:, :, :, :end]
+        return self.k.narrow(3, 0, end), self.v.narrow(3, 0, end)
+
+    def step(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one position ``k, v [G, n, B*h, dh]``; return every position so far as the two operands of
+        :func:`~nas.model.ops.attend_cached`: keys transposed ``[N, dh, T]`` and values ``[N, T, dh]``
+        (N = G*n*B*h; views of the buffers with preallocated storage)."""
+        if not self.capacity:
+            k, v = self.append(k.unsqueeze(3), v.unsqueeze(3))
+            return k.flatten(0, 2).transpose(1, 2), v.flatten(0, 2)
+        pos = self.length
+        if self.k is None or pos >= self.k.size(3):
+            self.append(k.unsqueeze(3), v.unsqueeze(3))  # allocates or grows the buffers
+        else:
+            self.k.select(3, pos).copy_(k)
+            self.v.select(3, pos).copy_(v)
+            self.length = pos + 1
+        n, t_max, dh = self.k.size(0) * self.k.size(1) * self.k.size(2), self.k.size(3), self.k.size(4)
+        return self.k.view(n, t_max, dh)[:, :pos + 1].transpose(1, 2), self.v.view(n, t_max, dh)[:, :pos + 1]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows ``index [n']`` (beam search's surviving hypotheses, or the sentences left)."""
@@ -74,6 +92,8 @@ class KVCache:
             self.v[:, :, :, :n] = self.v[:, :, :, :n].index_select(1, index)
         else:
             self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        for key in ("bias", "kv"):  # views of the rows: rebuilt from the kept rows
+            self.memo.pop(key, None)
 
 
 class ConvCache:
@@ -81,6 +101,7 @@ class ConvCache:
 
     def __init__(self, window: torch.Tensor | None = None) -> None:
         self.window = window
+        self.memo: dict = {}
 
     def extend(self, v: torch.Tensor, size: int) -> torch.Tensor:
         """Values of the newest positions ``v [U, n, t, D]`` -> ``[U, n, K-1+t, D]`` (the past ``K - 1`` first,

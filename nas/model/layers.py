@@ -21,7 +21,7 @@ from nas.model.attention import MultiBranchAttention
 from nas.model.conv import DynamicConv
 from nas.model.ffn import ElasticFFN, path_ffn
 from nas.model.kv_cache import LayerCache
-from nas.model.ops import drop_mask
+from nas.model.ops import drop_mask, memoized
 from nas.model.ops import dropout as drop
 from nas.model.paths import PathFusion
 from nas.model.regularization import Regularization
@@ -96,16 +96,19 @@ class _UnifiedLayer(nn.Module):
                 memo["units"] = weights
         return combine_units(outs, *weights)
 
-    def _prime_norm(self, total: torch.Tensor) -> torch.Tensor:
+    def _prime_norm(self, total: torch.Tensor, memo: dict | None = None) -> torch.Tensor:
         """Per-unit LayerNorm of ``[U, b, t, C]`` (the "Add & Norm" of Unified Transformer eq. 4)."""
         units, c = total.size(0), total.size(-1)
-        return F.layer_norm(total, (c,)) * self.prime_norm_weight[:units, None, None, :c] \
-            + self.prime_norm_bias[:units, None, None, :c]
+        w, b = memoized(memo, "prime_norm", self._prime_affine, units, c)
+        return F.layer_norm(total, (c,)) * w + b
+
+    def _prime_affine(self, units: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.prime_norm_weight[:units, None, None, :c], self.prime_norm_bias[:units, None, None, :c]
 
     def _prime_ffn(self, total: torch.Tensor, xu: torch.Tensor, dims: LayerArch, keep: torch.Tensor | None,
-                   p: float) -> torch.Tensor:
+                   p: float, memo: dict | None = None) -> torch.Tensor:
         """``total + dropout(FFN(x_u))``, the FFN dropped per sentence with ``keep [U, b]`` (MAT eq. 7)."""
-        y = drop(self.ffn(xu, dims.ffn_width, dims.units, p), p)
+        y = drop(self.ffn(xu, dims.ffn_width, dims.units, p, memo), p)
         return total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
 
     def autoshuffle_penalty(self) -> torch.Tensor | None:
@@ -199,7 +202,7 @@ class DecoderLayer(_UnifiedLayer):
         """The cross-attention keys and values of ``memory [b, s, C]`` for ``dims``: each ``[G, b, B*h, s, dh]``
         (G = units x paths), what a :class:`~nas.model.kv_cache.LayerCache` holds in ``cross_attn``."""
         groups = dims.units * (dims.paths if dims.layout == "sequential" else 1)
-        w = self.cross_attn.crop(dims.units, groups, dims.branches, dims.width, memory.size(-1))
+        w = self.cross_attn.crop(dims.units, groups, dims.branches, dims.width, memory.size(-1), cross=True)
         return self.cross_attn.memory_kv(memory, w)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
@@ -215,16 +218,20 @@ class DecoderLayer(_UnifiedLayer):
             ValueError: ``dims.layout`` is not built in this layer.
         """
         self.check_layout(dims)
-        reg = reg or _NONE
-        p, units, nb = reg.dropout, dims.units, dims.branches
+        units, nb = dims.units, dims.branches
         n_paths = dims.paths if dims.layout == "sequential" else 1
         xu = self._unit_inputs(x, dims, None)  # [U, b, t, C]
-        scale = drop_mask((units * n_paths, x.size(0), 2 * nb + 1), reg.drop_branch, x.device)  # self, cross, FFN
+        if cache is None:
+            reg = reg or _NONE
+            p, attn_p = reg.dropout, reg.attention_dropout
+            scale = drop_mask((units * n_paths, x.size(0), 2 * nb + 1), reg.drop_branch, x.device)  # self, cross, FFN
+        else:  # incremental decoding is inference: no regularisation
+            p, attn_p, scale = 0.0, 0.0, None
         self_kw = dict(width=dims.width, branches=nb, causal=cache is None, branch_scale=_cut(scale, 0, nb),
-                       cache=None if cache is None else cache.self_attn, units=units, dropout=reg.attention_dropout)
+                       cache=None if cache is None else cache.self_attn, units=units, dropout=attn_p)
         cross_kw = dict(width=dims.width, branches=nb, memory=memory, key_pad=src_pad,
                         branch_scale=_cut(scale, nb, 2 * nb), cache=None if cache is None else cache.cross_attn,
-                        units=units, dropout=reg.attention_dropout)
+                        units=units, dropout=attn_p)
         memo = None if cache is None else cache.memo
         if dims.layout == "prime":
             values: list = []
@@ -232,9 +239,11 @@ class DecoderLayer(_UnifiedLayer):
             total = total + drop(self.cross_attn(xu, **cross_kw), p)
             if dims.kernels:
                 total = total + drop(self.conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
-            total = self._prime_ffn(total, xu, dims, _keep(scale, 2 * nb), p)
-            return self._combine(self._prime_norm(total), dims, memo)
-        xu = self.self_attn_paths.fuse(xu, drop(self.self_attn(self.self_attn_paths.paths_in(xu, n_paths), **self_kw), p))
-        xu = self.cross_attn_paths.fuse(xu, drop(self.cross_attn(self.cross_attn_paths.paths_in(xu, n_paths), **cross_kw), p))
+            total = self._prime_ffn(total, xu, dims, _keep(scale, 2 * nb), p, memo)
+            return self._combine(self._prime_norm(total, memo), dims, memo)
+        paths = self.self_attn_paths
+        xu = paths.fuse(xu, drop(self.self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p))
+        paths = self.cross_attn_paths
+        xu = paths.fuse(xu, drop(self.cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p))
         ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p, memo), p)
         return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, 2 * nb)), dims, memo)

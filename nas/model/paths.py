@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nas.model.ops import memoized
+
 __all__ = ["PathFusion"]
 
 
@@ -40,14 +42,25 @@ class PathFusion(nn.Module):
             self.new_pathnorm_bias = nn.Parameter(torch.zeros(*lead, model_dim))
             self.new_alpha = nn.Parameter(torch.full(lead, 1.0 / math.sqrt(2 * max_paths)))
 
-    def paths_in(self, x: torch.Tensor, n_paths: int) -> torch.Tensor:
-        """``x [U, b, t, C]`` (per-unit streams) -> ``[U*P, b, t, C]``: ``LN_{u,i}(x_u)`` (eq. 5)."""
-        units, c = x.size(0), x.size(-1)
-        if n_paths == 1 and units == 1:
-            return F.layer_norm(x, (c,), self.ln_weight[0, 0, :c], self.ln_bias[0, 0, :c])
-        w, b = self.ln_weight[:units, :n_paths, :c], self.ln_bias[:units, :n_paths, :c]  # [U, P, C]
-        normed = torch.addcmul(b[:, :, None, None], F.layer_norm(x, (c,)).unsqueeze(1), w[:, :, None, None])  # [U, P, b, t, C]
-        return normed.flatten(0, 1)
+    def paths_in(self, x: torch.Tensor, n_paths: int, memo: dict | None = None) -> torch.Tensor:
+        """``x [U, b, t, C]`` (per-unit streams) -> ``[U*P, b, t, C]``: ``LN_{u,i}(x_u)`` (eq. 5).
+
+        ``memo`` (incremental decoding) keeps the cropped layer-norm affine for the batch."""
+        c = x.size(-1)
+        affine = None if memo is None else memo.get(self)
+        if affine is None:
+            affine = memoized(memo, self, self._affine, x.size(0), n_paths, c)
+        w, b = affine
+        if w.dim() == 1:
+            return F.layer_norm(x, (c,), w, b)
+        return torch.addcmul(b, F.layer_norm(x, (c,)).unsqueeze(1), w).flatten(0, 1)  # [U, P, b, t, C] -> [U*P, ...]
+
+    def _affine(self, units: int, n_paths: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-path LN affine: ``[C]`` each for one unit and one path, else ``[U, P, 1, 1, C]``."""
+        w, b = self.ln_affine(units, n_paths, c)
+        if units == 1 and n_paths == 1:
+            return w[0, 0], b[0, 0]
+        return w[:, :, None, None], b[:, :, None, None]
 
     def ln_affine(self, units: int, n_paths: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-path layer-norm weight and bias ``[U, P, C]`` (for :meth:`ElasticFFN.folded`)."""
@@ -61,10 +74,10 @@ class PathFusion(nn.Module):
         """
         units = x.size(0)
         n_paths = ys.size(0) // units
+        if n_paths == 1:
+            return x + ys if keep is None else x + ys * keep[:, :, None, None].to(ys.dtype)
         if keep is not None:
             keep = keep[:, :, None, None].to(ys.dtype)
-        if n_paths == 1:
-            return x + (ys if keep is None else ys * keep)
         with torch.autocast(x.device.type, enabled=False):
             return self._fuse_paths(x, ys, keep, units, n_paths)
 
