@@ -26,7 +26,7 @@ from torch import nn
 
 from nas.data import EOS_ID, PAD_ID
 from nas.model.decode import IncrementalDecoder
-from nas.model.layers import sinusoidal_positions
+from nas.model.ops import sinusoidal_positions
 from nas.model.supernet import SuperTransformer, extract
 from nas.builders import prepare_sweep_data
 from nas.space.arch import Arch, StackArch

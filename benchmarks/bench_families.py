@@ -24,7 +24,9 @@ from typing import Callable
 
 import torch
 
-from nas.model.layers import ElasticFFN, MultiBranchAttention, PathFusion, path_ffn
+from nas.model.attention import MultiBranchAttention
+from nas.model.ffn import ElasticFFN, path_ffn
+from nas.model.paths import PathFusion
 from nas.model.supernet import extract
 from nas.precision import autocast_for, resolve_precision
 from nas.space.space import SearchSpace
@@ -102,26 +104,25 @@ def main() -> None:
     spec = load_spec("search_spaces/unified.yaml", check_files=False)
     space = SearchSpace.from_spec(spec)
     supernet = build_supernet(spec, 6000)
-    supernet.drop_branch = 0.0  # the same computation on both sides (drop-branch is random)
+    reg = supernet.regularization(drop_branch=0.0)  # the same computation on both sides (drop-branch is random)
     src = torch.randint(4, 6000, (bsz, 24))
     tgt = torch.randint(4, 6000, (bsz, 26))
     for i in range(args.archs):
         arch = space.sample(random.Random(i))
         sub = extract(supernet, arch)
-        sub.drop_branch = 0.0
 
         def train_step(model, arch=arch):
             def step() -> None:
                 model.zero_grad(set_to_none=True)
                 with autocast:
-                    logits = model(src, tgt, arch)
+                    logits = model(src, tgt, arch, reg=reg)
                 logits.float().logsumexp(-1).mean().backward()
             return step
 
         def infer(model, arch=arch):
             def step() -> None:
                 with torch.no_grad(), autocast:
-                    model(src, tgt, arch)
+                    model(src, tgt, arch, reg=reg)
             return step
 
         print(f"arch {i}: {arch.summary()}")

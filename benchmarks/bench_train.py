@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from nas.data import TokenBatcher
-from nas.model.layers import sinusoidal_positions
+from nas.model.ops import sinusoidal_positions
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
 from nas.precision import autocast_for, resolve_precision
@@ -35,6 +35,10 @@ from nas.space.space import SearchSpace
 from nas.space import load_spec
 from nas.builders import build_supernet
 from trainers import check_fingerprint, supernet_fingerprint
+
+
+REG = None
+"""The supernet's training regularisation (its dropout, no drop-branch), set in main()."""
 
 
 class Reference(nn.Module):
@@ -60,7 +64,7 @@ def _step(model, optimizer, batch, archs, autocast, smoothing):
     optimizer.zero_grad(set_to_none=True)
     for arch in archs:
         with autocast:
-            logits = model(batch.src, batch.tgt_in) if arch is None else model(batch.src, batch.tgt_in, arch)
+            logits = model(batch.src, batch.tgt_in) if arch is None else model(batch.src, batch.tgt_in, arch, reg=REG)
         loss, _ = label_smoothed_nll(logits, batch.tgt_out, smoothing)
         (loss / batch.ntokens).backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -84,7 +88,8 @@ def main() -> None:
     sn, tr = spec.supernet, spec.train
     torch.manual_seed(0)
     supernet = build_supernet(spec, data.vocab_size).train()
-    supernet.drop_branch = 0.0  # nn.Transformer has no drop-branch: compare the same computation
+    global REG
+    REG = supernet.regularization(drop_branch=0.0)  # nn.Transformer has no drop-branch: the same computation
     widest = space.widest()
     if len(set(widest.encoder.ffn_width + widest.decoder.ffn_width)) != 1:
         raise SystemExit("the nn.Transformer reference needs one FFN width in every layer")

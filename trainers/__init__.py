@@ -12,7 +12,7 @@
 """
 
 from trainers.average import average_checkpoints, average_snapshots, latest_snapshots
-from trainers.distill import anneal_lambda, dropout_rate, soft_cross_entropy, stage_at, word_distill_loss
+from trainers.distill import anneal_lambda, soft_cross_entropy, stage_at, word_distill_loss
 from trainers.loop import TrainResult, check_fingerprint, supernet_fingerprint, train_supernet
 from trainers.optim import inverse_sqrt_lr
 from trainers.regularization import Regularization, drop_branch_at, step_regularization
@@ -21,5 +21,5 @@ from trainers.standalone import train_standalone
 
 __all__ = ["train_supernet", "train_standalone", "TrainResult", "inverse_sqrt_lr",
            "supernet_fingerprint", "check_fingerprint", "average_checkpoints", "average_snapshots",
-           "latest_snapshots", "word_distill_loss", "soft_cross_entropy", "anneal_lambda", "stage_at", "dropout_rate",
+           "latest_snapshots", "word_distill_loss", "soft_cross_entropy", "anneal_lambda", "stage_at",
            "drop_branch_at", "Regularization", "step_regularization", "Stage", "StepInfo", "StepOutput", "STAGES"]

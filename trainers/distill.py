@@ -17,17 +17,15 @@ The losses are pure functions on logits ``[b, t, V]``, summed over non-pad targe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import torch
-from torch import nn
 
 from nas.model.losses import label_smoothed_nll
 from nas.space import JointStage, SeqDistillStage, WordDistillStage
 
-__all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss", "dropout_rate",
+__all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss",
            "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS"]
 
 Stage = JointStage | WordDistillStage | SeqDistillStage
@@ -145,27 +143,6 @@ def word_distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, target
     hard, _ = label_smoothed_nll(logits, target, epsilon, pad_id)
     soft = soft_cross_entropy(logits, teacher_logits, target, pad_id)
     return lambda_2 * hard + (1.0 - lambda_2) * soft, hard, soft
-
-
-@contextmanager
-def dropout_rate(model: nn.Module, p: float | None) -> Iterator[None]:
-    """Within the block every ``nn.Dropout`` of ``model`` drops with rate ``p``; the old rates come back after.
-
-    ``p=None`` changes nothing. The attention-probability dropout (a float argument, not a module)
-    is left alone. Used around one sub-Transformer's forward for width-dependent dropout (sec. 4.1).
-    """
-    if p is None:
-        yield
-        return
-    modules = [m for m in model.modules() if isinstance(m, nn.Dropout)]
-    saved = [m.p for m in modules]
-    try:
-        for m in modules:
-            m.p = p
-        yield
-    finally:
-        for m, old in zip(modules, saved):
-            m.p = old
 
 
 def width_dropout_rate(width_dropout: dict[int, float] | None, model_width: int) -> float | None:

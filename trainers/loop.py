@@ -247,7 +247,6 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         run_loop(model, optimizer, scheduler, state, hooks, steps=tr.steps, accumulate=tr.accumulate,
                  clip_norm=tr.clip_norm, device=device, rank=rank, world=world)
     model.eval()
-    model.drop_branch = tr.drop_branch  # the configured rate in the saved config, whatever the schedule
     if main:
         save_model(model, out_dir, SUPERNET)
     last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None

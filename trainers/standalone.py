@@ -79,7 +79,6 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
     state = {"step": 0, "epoch": 0, "position": 0, "corpus": "train"}
     run_loop(model, optimizer, scheduler, state, hooks, steps=steps, accumulate=tr.accumulate,
              clip_norm=tr.clip_norm, device=device)
-    model.drop_branch = tr.drop_branch
     model.eval()
     tail = losses[-50:]
     return {"train_loss": sum(tail) / max(len(tail), 1), "train_seconds": time.perf_counter() - t0}

@@ -147,18 +147,14 @@ def _cross_by_step(model: SuperTransformer, arch: Arch, memory: torch.Tensor, sr
 
 
 def _cross_direct(model: SuperTransformer, arch: Arch, memory: torch.Tensor, src_pad: torch.Tensor) -> list[dict]:
-    """Each decoder layer's cross-attention keys/values from its ``cross_attn`` module alone, called
-    as ``DecoderLayer.forward`` calls it (a dummy query per unit x path group). Traces about half
-    the ops of :func:`_cross_by_step`, so the encoder exports in half the time; it is used only
-    where it reproduces :func:`_cross_by_step` exactly (checked on the example batch)."""
+    """Each decoder layer's cross-attention keys/values from ``DecoderLayer.cross_kv`` alone (the
+    function its cached forward calls). Traces about half the ops of :func:`_cross_by_step`, so the
+    encoder exports in half the time; it is used only where it reproduces :func:`_cross_by_step`
+    exactly (checked on the example batch)."""
     cache = []
     for layer, dims in zip(model.decoder, arch.decoder.layer_dims()):
-        groups = dims.units * (dims.paths if dims.layout == "sequential" else 1)
-        query = memory.new_zeros(groups, memory.size(0), 1, memory.size(-1))  # [G, b, 1, C]
-        part: dict = {}
-        layer.cross_attn(query, width=dims.width, branches=dims.branches, memory=memory, key_pad=src_pad,
-                         cache=part, units=dims.units)
-        cache.append({"cross": part})
+        k, v = layer.cross_kv(memory, dims)  # each [G, b, B*h, s, dh]
+        cache.append({"cross": {"ck": k, "cv": v}})
     return cache
 
 

@@ -81,6 +81,7 @@ class OnnxTranslator:
         cross = {e["input"]: np.take(cross[e["input"]], rows, axis=e["batch_axis"]) for e in self.cross}
         state = self.initial_state(bsz * k)
         tokens = np.full((bsz * k, 1), bos, dtype=np.int64)
+        never = sorted({m["pad_id"], bos} - {eos})
         scores = np.zeros((bsz, k), np.float32)
         scores[:, 1:] = -np.inf  # the first step expands beam 0 only
         active = np.arange(bsz)
@@ -90,6 +91,7 @@ class OnnxTranslator:
             n_act = active.size
             logits, state = self.step(tokens[:, -1:], memory, src_pad, cross, state)
             lprobs = log_softmax(logits).reshape(n_act, k, vocab)
+            lprobs[..., never] = -np.inf  # PAD and BOS are never emitted (as nas.model.decode.beam_search)
             at_limit = (step + 1) >= max_len[active]
             if at_limit.any():
                 forced = np.full_like(lprobs[at_limit], -np.inf)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 
-from nas.model.layers import IncrementalLayer
+from nas.model.kv_cache import LayerCache
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
@@ -17,12 +14,13 @@ __all__ = ["beam_search", "IncrementalDecoder"]
 class IncrementalDecoder:
     """Key/value-cached decoding of one batch by one sub-Transformer: ``logits = dec.step(tokens)``.
 
-    Built once per batch: every decoder weight is cropped to ``arch`` here (not at each step),
-    the cross-attention keys/values of ``memory`` are computed once, and the self-attention
-    keys/values (and Prime's causal-convolution window) live in preallocated per-layer state
-    (:class:`~nas.model.layers.IncrementalLayer`). Each :meth:`step` feeds the newest token of
-    every row and equals the last position of ``model.decode(prefix, memory, src_pad, arch)`` in
-    eval mode (no dropout). Inference only: use it under ``torch.no_grad()``.
+    Each step runs ``DecoderLayer.forward`` on the newest position with one
+    :class:`~nas.model.kv_cache.LayerCache` per layer: self-attention keys/values in preallocated
+    buffers (doubled when full), the cross-attention keys/values of ``memory`` computed at the first
+    step, Prime's causal-convolution window, and every decoder weight cropped once (at the first
+    step) and reused. Each :meth:`step` equals the last position of
+    ``model.decode(prefix, memory, src_pad, arch)`` (no regularisation). Inference only: use it
+    under ``torch.no_grad()``.
 
     Args:
         model: a supernet or an extracted model.
@@ -37,46 +35,39 @@ class IncrementalDecoder:
 
     def __init__(self, model: SuperTransformer, memory: torch.Tensor, src_pad: torch.Tensor,
                  arch: Arch | None = None, max_len: int = 64) -> None:
-        arch = model._check(arch)
-        c = model._width(arch)
+        self.arch = arch = model.check_arch(arch)
         self.model, self.pos = model, 0
-        self.embed_scale = math.sqrt(model.embed_dim)
-        with torch.no_grad():
-            self.layers = [IncrementalLayer(layer, dims, memory, src_pad, max_len)
-                           for layer, dims in zip(model.decoder, arch.decoder.layer_dims())]
-            self.proj_in = (model.proj_in.weight[:c].contiguous(), model.proj_in.bias[:c].contiguous()) \
-                if model.io_projection else None
-            norm = model.decoder_norm
-            self.norm = (norm.weight[:c].contiguous(), norm.bias[:c].contiguous(), norm.eps)
-            self.proj_out = (model.proj_out.weight[:, :c].contiguous(), model.proj_out.bias) \
-                if model.io_projection else None
-        self.c = c
+        self.dims = arch.decoder.layer_dims()
+        for layer, dims in zip(model.decoder, self.dims):
+            layer.check_layout(dims)
+        self.caches = [LayerCache(max(max_len, 1)) for _ in self.dims]
+        self.memory = memory  # [n, s, C]
+        self.src_pad = src_pad if src_pad is not None and bool(src_pad.any()) else None  # [n, s]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The newest token of each row ``[n, 1]`` (at position ``self.pos``) -> next-token logits ``[n, V]``.
+        """The newest tokens of each row ``[n, t]`` (positions ``self.pos .. self.pos + t - 1``; usually
+        ``t = 1``) -> the logits of the token after the last ``[n, V]``. Several tokens at once attend
+        causally, as one token at a time would (e.g. a forced prefix).
 
         Raises:
-            ValueError: the position reaches the model's ``max_positions``.
+            ValueError: the positions reach the model's ``max_positions``.
         """
         model, pos = self.model, self.pos
-        if pos >= model.max_positions:
-            raise ValueError(f"sequence of {pos + 1} tokens exceeds max_positions={model.max_positions}")
-        x = F.embedding(tokens, model.embed.weight) * self.embed_scale + model.positions[pos]  # [n, 1, E]
-        if self.proj_in is not None:
-            x = F.linear(x, *self.proj_in)  # [n, 1, C]  (Scalable Transformers eq. 3)
-        for layer in self.layers:
-            x = layer.step(x, pos)
-        h = F.layer_norm(x[:, -1], (self.c,), *self.norm)  # [n, C]
-        if self.proj_out is not None:
-            h = F.linear(h, *self.proj_out)  # [n, E]
-        self.pos = pos + 1
-        return F.linear(h, model.embed.weight)  # [n, V]
+        x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, t, C]
+        for layer, dims, cache in zip(model.decoder, self.dims, self.caches):
+            x = layer(x, self.memory, dims, self.src_pad, cache=cache)
+        self.pos = pos + tokens.size(1)
+        return model.output_logits(x[:, -1])  # [n, V]
 
     def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
         """Continue from rows ``index [n']`` (beam search's surviving hypotheses); with ``sentences [n']``,
         also drop the cross-attention rows of finished sentences (``sentences[i]`` is row i's old row)."""
-        for layer in self.layers:
-            layer.reorder(index, self.pos, sentences)
+        for cache in self.caches:
+            cache.reorder(index, sentences)
+        if sentences is not None:
+            self.memory = self.memory.index_select(0, sentences)
+            if self.src_pad is not None:
+                self.src_pad = self.src_pad.index_select(0, sentences)
 
 
 @torch.no_grad()
@@ -87,7 +78,8 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     """Translate a batch with beam search; returns the best hypothesis per sentence (ids, no BOS/EOS).
 
     Hypotheses are ranked by ``sum log p / len**len_penalty`` (len counts the EOS), as in
-    fairseq. A sentence is finished once ``beam_size`` hypotheses ended in EOS; finished
+    fairseq. PAD (``model.pad_id``) and BOS are never emitted (their log-probabilities are set
+    to -inf, as fairseq's ``SequenceGenerator`` does for PAD). A sentence is finished once ``beam_size`` hypotheses ended in EOS; finished
     sentences leave the batch, and decoding stops when all are finished or after
     ``max_len_a * src_len + max_len_b`` tokens (EOS is forced at that length).
 
@@ -119,6 +111,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     active = torch.arange(bsz, device=device)  # sentence ids still decoding
     max_len = max_len.tolist()
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
+    never = torch.tensor(sorted({model.pad_id, bos_id} - {eos_id}), device=device)
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
@@ -127,6 +120,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         else:
             logits = model.decode(tokens, memory, src_pad, arch)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n_act, k, vocab)
+        lprobs[..., never] = float("-inf")  # PAD and BOS are never emitted
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
         if any(at_limit_list):

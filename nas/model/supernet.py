@@ -18,12 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nas.model.layers import DecoderLayer, EncoderLayer, sinusoidal_positions
+from nas.model.kv_cache import LayerCache
+from nas.model.layers import DecoderLayer, EncoderLayer
+from nas.model.ops import dropout as drop
+from nas.model.ops import sinusoidal_positions
+from nas.model.regularization import Regularization
 from nas.space.arch import Arch, StackArch
 
-__all__ = ["SuperTransformer", "extract", "count_params"]
+__all__ = ["SuperTransformer", "extract", "count_params", "check_arch"]
 
-LayerCache = dict[str, dict[str, torch.Tensor]]
+CacheDict = dict[str, dict[str, torch.Tensor]]
+"""One decoder layer's decoding state as plain tensors (:meth:`~nas.model.kv_cache.LayerCache.to_dict`)."""
 
 
 class SuperTransformer(nn.Module):
@@ -35,9 +40,9 @@ class SuperTransformer(nn.Module):
             crops every layer, layer norm and projection to its own C (Scalable Transformers sec. 3.2).
         heads: attention heads per branch.
         max_arch: the widest choice per layer; its layer counts are the supernet's depth.
-        dropout: residual/FFN dropout rate in training.
-        attention_dropout: dropout on attention probabilities in training.
-        drop_branch: MAT drop-branch rate rho (eq. 5-7), training only.
+        dropout: the configured residual/FFN/embedding dropout rate (:meth:`regularization`).
+        attention_dropout: the configured dropout on attention probabilities (:meth:`regularization`).
+        drop_branch: the configured MAT drop-branch rate rho (eq. 5-7) (:meth:`regularization`).
         max_positions: longest sequence (tokens) the position table covers.
         pad_id: padding token id (its embedding row starts at zero).
         more_features: Multi-Path "more features" (sec. 3.2, eq. 7) in sublayers with 3+ paths.
@@ -65,7 +70,6 @@ class SuperTransformer(nn.Module):
         self.embed_dim = embed = embed_dim or model_dim
         if embed != model_dim and not io_projection:
             raise ValueError(f"embed_dim={embed} differs from model_dim={model_dim}; that needs io_projection=True")
-        self._checked: set[Arch] = set()
         self.embed = nn.Embedding(vocab_size, embed, padding_idx=pad_id)
         nn.init.normal_(self.embed.weight, 0.0, embed ** -0.5)
         with torch.no_grad():
@@ -78,9 +82,7 @@ class SuperTransformer(nn.Module):
                 for proj in (self.proj_in, self.proj_out):
                     proj.weight.copy_(torch.eye(*proj.weight.shape))
                     proj.bias.zero_()
-        self.dropout = nn.Dropout(dropout)
-        kw = dict(dropout=dropout, attention_dropout=attention_dropout, more_features=more_features,
-                  unit_bias_rate=unit_bias_rate)
+        kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate)
         layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
                                max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, max_units=d.units, **kw)
         self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d)) for d in max_arch.encoder.layer_dims())
@@ -113,83 +115,91 @@ class SuperTransformer(nn.Module):
             return dataclasses.replace(stack, layout=layouts, kernels=kernels, paths=paths)
         return Arch(runnable(self.max_arch.encoder), runnable(self.max_arch.decoder))
 
-    def _check(self, arch: Arch | None) -> Arch:
+    def regularization(self, **overrides: float) -> Regularization:
+        """The model's configured regularisation (``dropout``, ``attention_dropout``, ``drop_branch`` of
+        :meth:`config`), with ``overrides`` (e.g. this step's scheduled ``drop_branch``), to pass as ``reg``.
+
+        Regularisation applies exactly when passed to a call, in either ``train()`` or ``eval()`` mode.
+        """
+        return Regularization(**{"dropout": self.dropout_rate, "attention_dropout": self.attention_dropout,
+                                 "drop_branch": self.drop_branch, **overrides})
+
+    def check_arch(self, arch: Arch | None) -> Arch:
+        """``arch`` (the widest when None), validated against this model's maxima.
+
+        Raises:
+            ValueError: a choice beyond the maxima (names it), a width not divisible by ``heads``, or a
+                ``model_width`` the model cannot run (wider, or without ``io_projection``).
+        """
         if arch is None:
             return self.full_arch
-        if arch in self._checked:  # archs are frozen and hashable: validate each once
-            return arch
-        arch.check_within(self.max_arch)
-        if arch.model_width is not None and arch.model_width != self.model_dim:
-            if arch.model_width > self.model_dim:
-                raise ValueError(f"arch.model_width={arch.model_width} exceeds the supernet's model_dim={self.model_dim}")
-            if not self.io_projection:
-                raise ValueError(f"arch.model_width={arch.model_width} needs a supernet with the input/output "
-                                 f"projections of Scalable Transformers eq. 3: set supernet.io_projection: true")
-        for stack in (arch.encoder, arch.decoder):
-            for i, w in enumerate(stack.width):
-                if w % self.heads:
-                    raise ValueError(f"arch width[{i}]={w} is not divisible by heads={self.heads}")
-        self._checked.add(arch)
-        return arch
+        return check_arch(arch, self.max_arch, self.model_dim, self.heads, self.io_projection)
 
-    def _width(self, arch: Arch) -> int:
+    def width_of(self, arch: Arch) -> int:
+        """The model width C (channels) of ``arch``'s layers: ``arch.model_width``, else ``model_dim``."""
         return arch.model_width or self.model_dim
 
-    def _embed(self, tokens: torch.Tensor, width: int, offset: int = 0) -> torch.Tensor:
-        """``[b, t]`` ids -> ``[b, t, C]``: ``sqrt(E) * E[x] + PE[offset:offset+t]``, projected to the
-        model width ``C = width`` by ``W'_e[1:C]`` (eq. 3) with ``io_projection``, then dropout."""
+    def embed_tokens(self, tokens: torch.Tensor, width: int, offset: int = 0, p: float = 0.0) -> torch.Tensor:
+        """``tokens [b, t]`` ids -> ``[b, t, C]``: ``sqrt(E) * E[x] + PE[offset:offset+t]`` (Vaswani et al. 2017 sec. 3.4-3.5), projected to the
+        model width ``C = width`` by ``W'_e[1:C]`` (eq. 3) with ``io_projection``, then dropout ``p``."""
         t = tokens.size(1)
         if offset + t > self.max_positions:
             raise ValueError(f"sequence of {offset + t} tokens exceeds max_positions={self.max_positions}")
         x = self.embed(tokens) * math.sqrt(self.embed_dim) + self.positions[offset:offset + t]
         if self.io_projection:
             x = F.linear(x, self.proj_in.weight[:width], self.proj_in.bias[:width])
-        return self.dropout(x)
+        return drop(x, p)
 
     def _norm(self, norm: nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
         """A final layer norm cropped to the input's width ``[..., C]``."""
         c = x.size(-1)
         return F.layer_norm(x, (c,), norm.weight[:c], norm.bias[:c], norm.eps)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+    def output_logits(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., C]`` -> ``[..., V]``: final norm, ``W'_o[:, 1:C]`` (eq. 3) and the tied embedding."""
         h = self._norm(self.decoder_norm, x)
         if self.io_projection:
             h = F.linear(h, self.proj_out.weight[:, :h.size(-1)], self.proj_out.bias)
         return F.linear(h, self.embed.weight)
 
-    def encode(self, src: torch.Tensor, arch: Arch | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode ``src [b, s]`` -> (``memory [b, s, C]``, ``src_pad [b, s]`` bool, True at padding)."""
-        arch = self._check(arch)
+    def encode(self, src: torch.Tensor, arch: Arch | None = None,
+               reg: Regularization | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encode ``src [b, s]`` -> (``memory [b, s, C]``, ``src_pad [b, s]`` bool, True at padding).
+
+        ``reg``: this call's regularisation (None: none). Raises ValueError as :meth:`check_arch`."""
+        arch = self.check_arch(arch)
         src_pad = src.eq(self.pad_id)
-        x = self._embed(src, self._width(arch))
+        x = self.embed_tokens(src, self.width_of(arch), p=0.0 if reg is None else reg.dropout)
         for layer, dims in zip(self.encoder, arch.encoder.layer_dims()):
-            x = layer(x, dims, src_pad, self.drop_branch)
+            x = layer(x, dims, src_pad, reg)
         return self._norm(self.encoder_norm, x), src_pad
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-               arch: Arch | None = None) -> torch.Tensor:
-        """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``."""
-        arch = self._check(arch)
-        x = self._embed(tgt_in, self._width(arch))
+               arch: Arch | None = None, reg: Regularization | None = None) -> torch.Tensor:
+        """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``; ``reg`` as in :meth:`encode`."""
+        arch = self.check_arch(arch)
+        x = self.embed_tokens(tgt_in, self.width_of(arch), p=0.0 if reg is None else reg.dropout)
         for layer, dims in zip(self.decoder, arch.decoder.layer_dims()):
-            x = layer(x, memory, dims, src_pad, self.drop_branch)
-        return self._logits(x)
+            x = layer(x, memory, dims, src_pad, reg)
+        return self.output_logits(x)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None,
+                reg: Regularization | None = None) -> torch.Tensor:
         """``src [b, s]``, ``tgt_in [b, t]`` -> logits ``[b, t, V]`` of the sub-Transformer ``arch``
-        (the widest when None). Raises ValueError naming a choice beyond the supernet's maxima."""
-        memory, src_pad = self.encode(src, arch)
-        return self.decode(tgt_in, memory, src_pad, arch)
+        (the widest when None), with the regularisation ``reg`` (None: none; in training pass
+        ``model.regularization(...)``). Raises ValueError naming a choice beyond the supernet's maxima."""
+        memory, src_pad = self.encode(src, arch, reg)
+        return self.decode(tgt_in, memory, src_pad, arch, reg)
 
     def decode_step(self, tokens: torch.Tensor, step: int, memory: torch.Tensor, src_pad: torch.Tensor,
-                    arch: Arch | None, cache: list[LayerCache]) -> torch.Tensor:
+                    arch: Arch | None, cache: list[CacheDict]) -> torch.Tensor:
         """One incremental decoding step with a key/value cache held in plain dicts.
 
         The interface of the ONNX export (each step's state in, the grown state out: keys and
-        values are concatenated, weights cropped at every call). To decode in PyTorch use
-        :class:`nas.model.decode.IncrementalDecoder` (weights cropped once, preallocated keys
-        and values; several times faster per step), which :func:`~nas.model.decode.beam_search` uses.
+        values are concatenated). It runs ``DecoderLayer.forward`` with a
+        :class:`~nas.model.kv_cache.LayerCache` built from the dicts, as
+        :class:`nas.model.decode.IncrementalDecoder` does (which keeps the state and the cropped
+        weights between steps, with preallocated keys and values) for :func:`~nas.model.decode.beam_search`.
 
         Args:
             tokens: the newest target token per row ``[n, 1]`` (position ``step``).
@@ -200,14 +210,17 @@ class SuperTransformer(nn.Module):
         Returns:
             logits of the next token ``[n, V]``.
         """
-        arch = self._check(arch)
-        x = self._embed(tokens, self._width(arch), offset=step)
-        for layer, dims, c in zip(self.decoder, arch.decoder.layer_dims(), cache):
-            x = layer(x, memory, dims, src_pad, 0.0, cache=c)
-        return self._logits(x[:, -1])
+        arch = self.check_arch(arch)
+        x = self.embed_tokens(tokens, self.width_of(arch), offset=step)
+        for layer, dims, parts in zip(self.decoder, arch.decoder.layer_dims(), cache):
+            state = LayerCache.from_dict(parts)
+            x = layer(x, memory, dims, src_pad, cache=state)
+            parts.clear()
+            parts.update(state.to_dict())
+        return self.output_logits(x[:, -1])
 
     @staticmethod
-    def reorder_cache(cache: list[LayerCache], index: torch.Tensor, parts: tuple[str, ...]) -> None:
+    def reorder_cache(cache: list[CacheDict], index: torch.Tensor, parts: tuple[str, ...]) -> None:
         """Select rows ``index [n']`` of the cached ``parts`` in place.
 
         Beam search reorders the per-hypothesis state ("self" attention keys/values and the
@@ -248,10 +261,10 @@ def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
     Raises:
         ValueError: ``arch`` exceeds the supernet's maxima (names the choice).
     """
-    supernet._check(arch)
+    supernet.check_arch(arch)
     cfg = supernet.config()
     cfg["max_arch"] = dataclasses.replace(arch, model_width=None).to_dict()
-    cfg["model_dim"] = supernet._width(arch)  # type 1: the layers' width; the embeddings keep embed_dim
+    cfg["model_dim"] = supernet.width_of(arch)  # type 1: the layers' width; the embeddings keep embed_dim
     if supernet.io_projection:
         cfg["embed_dim"] = supernet.embed_dim
     sub = SuperTransformer.from_config(cfg)
@@ -262,3 +275,28 @@ def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
         cropped[name] = full[tuple(slice(0, n) for n in target.shape)].clone()
     sub.load_state_dict(cropped)
     return sub.train(supernet.training)
+
+
+@functools.lru_cache(maxsize=1024)
+def check_arch(arch: Arch, max_arch: Arch, model_dim: int, heads: int, io_projection: bool) -> Arch:
+    """``arch`` if a model with these maxima can run it (a pure function, its answers cached: archs are frozen).
+
+    Args:
+        arch: the sub-Transformer; max_arch: the model's maxima; model_dim: its widest C (channels);
+        heads: attention heads per branch; io_projection: whether it has Scalable Transformers eq. 3's projections.
+    Raises:
+        ValueError: a choice beyond ``max_arch`` (names it), a width not divisible by ``heads``, or a
+            ``model_width`` wider than ``model_dim`` or without ``io_projection``.
+    """
+    arch.check_within(max_arch)
+    if arch.model_width is not None and arch.model_width != model_dim:
+        if arch.model_width > model_dim:
+            raise ValueError(f"arch.model_width={arch.model_width} exceeds the supernet's model_dim={model_dim}")
+        if not io_projection:
+            raise ValueError(f"arch.model_width={arch.model_width} needs a supernet with the input/output "
+                             f"projections of Scalable Transformers eq. 3: set supernet.io_projection: true")
+    for stack in (arch.encoder, arch.decoder):
+        for i, w in enumerate(stack.width):
+            if w % heads:
+                raise ValueError(f"arch width[{i}]={w} is not divisible by heads={heads}")
+    return arch

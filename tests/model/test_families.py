@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nas.model import Regularization
 from nas.model.layers import EncoderLayer
 from nas.space.arch import LayerArch
 
@@ -69,7 +70,7 @@ def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
 
 def _layer(max_paths=3, max_branches=3, seed=0):
     torch.manual_seed(seed)
-    layer = EncoderLayer(C, H, max_width=C, max_ffn_width=24, max_branches=max_branches, dropout=0.0,
+    layer = EncoderLayer(C, H, max_width=C, max_ffn_width=24, max_branches=max_branches,
                          max_paths=max_paths)
     with torch.no_grad():  # non-trivial norms and fusion weights
         for p in layer.parameters():
@@ -96,7 +97,7 @@ def test_encoder_layer_matches_loop_transcription_in_training_with_fixed_drop_br
     x = torch.randn(4, 5, C)
     rho = 0.4
     torch.manual_seed(7)
-    got = layer(x, dims, None, drop_branch=rho)
+    got = layer(x, dims, None, reg=Regularization(drop_branch=rho))
     torch.manual_seed(7)
     keep = (torch.rand(dims[3], 4, dims[2] + 1) >= rho).float() / (1 - rho)  # [P, b, B + FFN]
     assert (keep == 0).any(), "the seed must drop something for the test to mean anything"
@@ -112,17 +113,23 @@ def test_path_weights_start_at_paper_values():
     assert layer.attn_paths.ln_weight.shape == (1, 4, C)
 
 
-def test_evaluation_is_deterministic_with_drop_branch_set():
+def test_without_regularization_the_layer_is_deterministic_in_either_mode():
+    """Regularisation applies exactly when passed: ``reg=None`` is deterministic in eval and train mode."""
     layer = _layer().eval()
     x = torch.randn(2, 4, C)
+    dims = _seq(8, 12, 3, 3)
     with torch.no_grad():
-        assert torch.equal(layer(x, _seq(8, 12, 3, 3), None, drop_branch=0.5), layer(x, _seq(8, 12, 3, 3), None, drop_branch=0.5))
+        assert torch.equal(layer(x, dims, None), layer(x, dims, None))
+        layer.train()
+        assert torch.equal(layer(x, dims, None), layer(x, dims, None))
+        reg = Regularization(drop_branch=0.5)
+        assert not torch.equal(layer(x, dims, None, reg=reg), layer(x, dims, None, reg=reg))
 
 
 @pytest.mark.parametrize("n_paths", [3, 4])
 def test_more_features_add_the_averages_of_n_minus_1_paths(n_paths):
     """Multi-Path sec. 3.2, eq. 7: n new features AVG(paths without i), each with its own PathNorm and weight."""
-    from nas.model.layers import PathFusion
+    from nas.model.paths import PathFusion
 
     torch.manual_seed(n_paths)
     fusion = PathFusion(C, max_paths=4, more_features=True)
@@ -142,7 +149,7 @@ def test_more_features_add_the_averages_of_n_minus_1_paths(n_paths):
 
 
 def test_two_paths_generate_no_new_features():
-    from nas.model.layers import PathFusion
+    from nas.model.paths import PathFusion
 
     fusion = PathFusion(C, max_paths=4, more_features=True)
     plain = PathFusion(C, max_paths=4, more_features=False)
@@ -185,7 +192,7 @@ def _reference_prime_encoder_layer(layer, x, dims, pad):
 
 def _prime_layer(seed=0):
     torch.manual_seed(seed)
-    layer = EncoderLayer(C, H, C, 24, 2, dropout=0.0, max_paths=2, layout="sequential+prime", kernel_sizes=(3, 5, 7))
+    layer = EncoderLayer(C, H, C, 24, 2, max_paths=2, layout="sequential+prime", kernel_sizes=(3, 5, 7))
     with torch.no_grad():
         for name, p in layer.named_parameters():
             if "gate" in name or "prime_norm" in name:
@@ -211,7 +218,7 @@ def test_prime_encoder_layer_matches_loop_transcription(dims):
 
 
 def test_causal_dynamic_conv_matches_loop_transcription_and_ignores_the_future():
-    from nas.model.layers import DynamicConv
+    from nas.model.conv import DynamicConv
 
     torch.manual_seed(2)
     conv = DynamicConv(C, 8, (3, 5), causal=True)
@@ -234,7 +241,7 @@ def test_a_layout_the_layer_was_not_built_for_is_refused():
 
 # ---- MUTE units -----------------------------------------------------------------------------------
 
-from nas.model.layers import apply_unit_bias, doubly_normalize, permutation_penalty  # noqa: E402
+from nas.model.units import apply_unit_bias, doubly_normalize, permutation_penalty  # noqa: E402
 
 
 def _reference_unit(layer, x, u, width, ffn, pad):
@@ -249,7 +256,7 @@ def _reference_unit(layer, x, u, width, ffn, pad):
 
 def _mute_layer(seed=0):
     torch.manual_seed(seed)
-    layer = EncoderLayer(C, H, C, 24, 1, dropout=0.0, max_units=4, unit_bias_rate=1.0)
+    layer = EncoderLayer(C, H, C, 24, 1, max_units=4, unit_bias_rate=1.0)
     with torch.no_grad():
         layer.unit_alpha.copy_(torch.tensor([0.5, 1.0, 1.5, 2.0]))
         layer.shuffle.add_(0.3 * torch.rand(4, 4))

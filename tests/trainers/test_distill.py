@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from nas.model.io import load_model
 from nas.model.losses import label_smoothed_nll
@@ -14,7 +13,7 @@ from nas.space.space import SearchSpace
 from nas.space import SpecError, parse_spec
 from tests.conftest import tiny_spec_dict
 from nas.builders import build_supernet
-from trainers import anneal_lambda, dropout_rate, soft_cross_entropy, stage_at, train_supernet, \
+from trainers import anneal_lambda, soft_cross_entropy, stage_at, train_supernet, \
     word_distill_loss
 import trainers.loop
 import trainers.stages.sandwich
@@ -172,27 +171,20 @@ def test_bad_train_section_names_the_key(train, fragments):
 
 # ---- width-dependent dropout (sec. 4.1, Table 5) ------------------------------------------------------
 
-def _dropout_ps(model: nn.Module) -> list[float]:
-    return [m.p for m in model.modules() if isinstance(m, nn.Dropout)]
-
-
-def test_dropout_rate_sets_every_dropout_module_and_restores_it(prepared):
+def test_the_dropout_rate_passed_to_the_forward_is_the_one_applied(prepared):
+    """Regularisation is passed, not set (issue 13): rate 0 is the deterministic model, a rate > 0
+    changes the output, and the model keeps no rate of a call."""
     raw, data = prepared
     model = build_supernet(_spec(raw, steps=1), data.vocab_size).train()
-    before = _dropout_ps(model)
-    assert len(before) > 2 and set(before) == {0.1}
-    seen = []
-    model.dropout.register_forward_pre_hook(lambda m, args: seen.append(m.p))
-    src = torch.tensor([[5, 6, 7]])
-    with dropout_rate(model, 0.0):
-        assert set(_dropout_ps(model)) == {0.0}
-        model(src, src)
-    assert seen and set(seen) == {0.0} and _dropout_ps(model) == before
-    with pytest.raises(RuntimeError), dropout_rate(model, 0.3):
-        raise RuntimeError("a failing forward")
-    assert _dropout_ps(model) == before
-    with dropout_rate(model, None):
-        assert _dropout_ps(model) == before
+    config = model.config()
+    src = torch.tensor([[5, 6, 7, 8]])
+    plain = model(src, src)
+    torch.manual_seed(0)
+    assert torch.equal(model(src, src, reg=model.regularization(dropout=0.0, attention_dropout=0.0,
+                                                                drop_branch=0.0)), plain)
+    torch.manual_seed(0)
+    assert not torch.allclose(model(src, src, reg=model.regularization(dropout=0.3)), plain)
+    assert model.config() == config and torch.equal(model(src, src), plain)
 
 
 def test_training_runs_each_width_with_its_dropout_rate(prepared, tmp_path, monkeypatch):
@@ -206,13 +198,14 @@ def test_training_runs_each_width_with_its_dropout_rate(prepared, tmp_path, monk
     def spying_build(*args):
         model = build_supernet(*args)
         model.register_forward_pre_hook(
-            lambda m, inputs: seen.append((inputs[2].model_width, m.dropout.p)) if m.training else None)
+            lambda m, inputs, kwargs: seen.append((inputs[2].model_width, kwargs["reg"].dropout))
+            if kwargs.get("reg") else None, with_kwargs=True)  # training forwards only (evaluation passes no reg)
         return model
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
     train_supernet(spec, data, tmp_path, progress=False)
     assert seen == [(32, 0.3), (16, 0.0)]
-    assert set(_dropout_ps(load_model(tmp_path, "supernet"))) == {0.1}  # supernet.dropout, untouched
+    assert load_model(tmp_path, "supernet").config()["dropout"] == 0.1  # supernet.dropout, untouched
 
 
 def test_a_model_width_without_a_dropout_rate_is_refused_before_training(prepared, tmp_path):

@@ -271,7 +271,9 @@ def test_drop_branch_rises_linearly_over_the_warmup_then_stays(prepared, tmp_pat
 
     def spying_build(*args):  # the rate every training forward runs with
         model = build_supernet(*args)
-        model.register_forward_pre_hook(lambda m, inputs: seen.append(m.drop_branch) if m.training else None)
+        model.register_forward_pre_hook(  # the rate is passed to each training forward (issue 13), not set
+            lambda m, inputs, kwargs: seen.append(kwargs["reg"].drop_branch) if kwargs.get("reg") else None,
+            with_kwargs=True)
         return model
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)

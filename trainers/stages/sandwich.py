@@ -13,7 +13,7 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space import SweepSpec
 from trainers.distill import word_distill_loss
-from trainers.regularization import regularized, step_regularization
+from trainers.regularization import step_regularization
 from trainers.stages.base import SandwichArchs, StepOutput
 
 __all__ = ["SandwichArchs", "sandwich_step"]
@@ -42,8 +42,9 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     for b, batch in enumerate(batches):
         teacher = None
         for i, arch in enumerate(archs):
-            with autocast, regularized(model, step_regularization(spec, step, arch)):
-                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+            reg = step_regularization(model, spec, step, arch)
+            with autocast:
+                logits = model(batch.src, batch.tgt_in, arch, reg=reg)  # [b, t, V]
             if i == 0 or lam is None:
                 loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
                 objective = loss / ntokens

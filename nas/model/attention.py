@@ -1,0 +1,236 @@
+"""Multi-branch attention (MAT eq. 4-6), cropped by explicit widths (Scalable Transformers sec. 3.1),
+for every (unit, path) group at once."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nas.model.kv_cache import KVCache
+from nas.model.ops import Packed, apply, attend, attend_cached, memoized, pack, path_project
+
+__all__ = ["MultiBranchAttention", "AttentionWeights"]
+
+
+class AttentionWeights(NamedTuple):
+    """One :class:`MultiBranchAttention` cropped to G = units x paths groups, B branches, width D, C channels,
+    packed for :func:`~nas.model.ops.apply` (incremental decoding keeps it for a whole batch)."""
+
+    proj: Packed
+    """Self-attention: the query, key and value projections ``[G, B*3*D, C]`` (rows branch-major, then
+    q/k/v, then D); cross-attention: the query projection ``[G, B*D, C]``."""
+    kv: tuple[torch.Tensor, torch.Tensor] | None
+    """Cross-attention: the key and value projections of every group as one matrix ``[G*B*2*D, C]`` and
+    bias ``[G*B*2*D]`` (the memory is shared: one product); None for self-attention."""
+    out: Packed
+    """The output projection with the 1/B branch average folded in: ``[G, C, B*D]``, bias ``mean_i b_i [G, C]``."""
+    w_out: torch.Tensor
+    """``[G, C, B*D]`` output projection of the concatenated branches (drop-branch scales it per sentence)."""
+    b_out: torch.Tensor
+    """``[G, B, C]``."""
+
+
+class MultiBranchAttention(nn.Module):
+    """``N_a`` branches of multi-head attention, averaged (MAT eq. 4 without the residual), per path.
+
+    Weights are stacked over units, paths and branches: ``w_in [U, P, N_a, 3, D, C]`` (q, k, v)
+    and ``w_out [U, P, N_a, C, D]``, where C is the model width and D the widest attention
+    width. A call on U_l units x P_l paths with ``branches=B_l, width=D_l`` on inputs of C_l
+    channels uses the leading block ``w_in[:U_l, :P_l, :B_l, :, :D_l, :C_l]`` (top-left crop
+    ``W[1:C, 1:D]``, Scalable Transformers sec. 3.1; C_l < C for a type-1 sub-Transformer).
+    The head count is fixed, so the head width is ``D_l / heads``; every (path, branch)
+    pair becomes ``heads`` extra attention heads of one attention call.
+
+    Args:
+        model_dim: C, the model width (channels).
+        max_width: D, the widest attention width (channels), divisible by ``heads``.
+        max_branches: the most branches N_a.
+        heads: attention heads per branch.
+        max_paths: the most paths (Multi-Path).
+        max_units: the most MUTE units.
+
+    Raises:
+        ValueError: ``max_width`` not divisible by ``heads``.
+    """
+
+    def __init__(self, model_dim: int, max_width: int, max_branches: int, heads: int, max_paths: int = 1,
+                 max_units: int = 1) -> None:
+        super().__init__()
+        if max_width % heads:
+            raise ValueError(f"attention width {max_width} is not divisible by heads={heads}")
+        self.model_dim, self.max_width, self.max_branches, self.heads = model_dim, max_width, max_branches, heads
+        lead = (max_units, max_paths)  # MUTE units, Multi-Path paths
+        self.w_in = nn.Parameter(torch.empty(*lead, max_branches, 3, max_width, model_dim))
+        self.b_in = nn.Parameter(torch.zeros(*lead, max_branches, 3, max_width))
+        self.w_out = nn.Parameter(torch.empty(*lead, max_branches, model_dim, max_width))
+        self.b_out = nn.Parameter(torch.zeros(*lead, max_branches, model_dim))
+        bound_in = math.sqrt(6.0 / (model_dim + 3 * max_width))  # xavier over the fused [3D, C] matrix
+        nn.init.uniform_(self.w_in, -bound_in, bound_in)
+        nn.init.uniform_(self.w_out, -1.0 / math.sqrt(max_width), 1.0 / math.sqrt(max_width))
+
+    def crop(self, units: int, groups: int, branches: int, width: int, c: int, cross: bool = False,
+             step: bool = False) -> AttentionWeights:
+        """The weights of ``units`` x ``groups // units`` paths, ``branches``, ``width`` on ``c`` input channels
+        (views, except where a crop must be copied to be flattened); ``cross``: for cross-attention;
+        ``step``: for incremental decoding (:meth:`_cached`): the attention's ``1/sqrt(d_h)`` folded into the
+        query projection (:func:`~nas.model.ops.attend_cached`) and the self-attention rows ordered
+        (q/k/v, branch, D), so that each of q, k and v is one block of heads."""
+        nb = branches
+        crop = lambda p, *rest: p[:units, : groups // units][(slice(None), slice(None), *rest)].flatten(0, 1)
+        w_in = crop(self.w_in, slice(nb), slice(None), slice(width), slice(c))  # [G, B, 3, D, C] (C cropped: type 1)
+        b_in = crop(self.b_in, slice(nb), slice(None), slice(width))  # [G, B, 3, D]
+        if step:
+            scale = torch.tensor([(width // self.heads) ** -0.5, 1.0, 1.0], dtype=w_in.dtype, device=w_in.device)
+            w_in, b_in = w_in * scale[:, None, None], b_in * scale[:, None]
+        w_out = crop(self.w_out, slice(nb), slice(c), slice(width)).permute(0, 2, 1, 3).reshape(groups, c, nb * width)
+        b_out = crop(self.b_out, slice(nb), slice(c))  # [G, B, C]
+        if cross:
+            proj = pack(w_in[:, :, 0].reshape(groups, nb * width, c), b_in[:, :, 0].reshape(groups, -1))
+            kv = (w_in[:, :, 1:].reshape(groups * nb * 2 * width, c), b_in[:, :, 1:].reshape(-1))
+        elif step:  # rows (q/k/v, branch, D)
+            proj, kv = pack(w_in.transpose(1, 2).reshape(groups, 3 * nb * width, c),
+                            b_in.transpose(1, 2).reshape(groups, -1)), None
+        else:
+            proj, kv = pack(w_in.reshape(groups, nb * 3 * width, c), b_in.reshape(groups, -1)), None
+        out = pack(w_out, b_out[:, 0]) if nb == 1 else pack(w_out / nb, b_out.mean(1))
+        return AttentionWeights(proj, kv, out, w_out, b_out)
+
+    def memory_kv(self, memory: torch.Tensor, w: AttentionWeights) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention keys and values of ``memory [b, s, C]`` for every group: each ``[G, b, B*h, s, dh]``
+        (``w`` from :meth:`crop` with ``cross=True``).
+
+        The memory is shared by the groups: one matmul for all of them."""
+        bsz, s, _ = memory.shape
+        kv = F.linear(memory, *w.kv)  # [b, s, G*B*2*D]
+        groups, nb = w.b_out.size(0), w.b_out.size(1)
+        kv = kv.view(bsz, s, groups, nb, 2, -1).permute(2, 0, 1, 3, 4, 5)  # [G, b, s, B, 2, D]
+        k, v = kv.unbind(4)  # each [G, b, s, B, D]
+        return self._heads(k), self._heads(v)  # [G, b, B*h, s, dh]
+
+    def forward(
+        self,
+        xs: torch.Tensor,
+        *,
+        width: int,
+        branches: int,
+        memory: torch.Tensor | None = None,
+        key_pad: torch.Tensor | None = None,
+        causal: bool = False,
+        branch_scale: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        values: list | None = None,
+        units: int = 1,
+        dropout: float = 0.0,
+    ) -> torch.Tensor:
+        """Attend each group's queries to themselves (``memory=None``) or to ``memory``.
+
+        Args:
+            xs: queries of every (unit, path) group ``[G, b, t, C]``, G = units * paths, unit-major.
+            width: attention width D_l (channels, divisible by heads).
+            branches: number of branches B_l.
+            memory: keys/values source ``[b, s, C]`` for cross-attention (shared by all paths).
+            key_pad: ``[b, s]`` bool, True where the key is padding.
+            causal: mask future positions (decoder self-attention over a full sequence).
+            branch_scale: drop-branch keep mask ``[G, b, B_l]`` (MAT eq. 5), or None.
+            cache: incremental decoding (``xs`` holds the newest positions only): self-attention
+                appends its keys/values, cross-attention computes the memory's once; the cropped
+                weights are kept in ``cache.memo``.
+            values: if given (self-attention), receives the value projection of branch 0 of
+                every group, ``[G, b, t, D_l]``: Prime's Shared Projection ``V_C = V_A`` (Fig. 6).
+            units: number of MUTE units U (the groups are U units x P paths).
+            dropout: dropout rate on the attention probabilities.
+        Returns:
+            ``[G, b, t, C]``: per group ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
+        """
+        groups, bsz, t, c = xs.shape  # groups = units x paths
+        nb = branches
+        cross = memory is not None
+        if cache is not None:
+            w = memoized(cache.memo, "weights", self.crop, units, groups, nb, width, c, cross, True)
+            o = self._cached(xs, w, memory, key_pad, cache, values)  # [G, b, 1, B*D]
+        else:
+            w = self.crop(units, groups, nb, width, c, cross)
+            if not cross:
+                q, k, v = apply(xs, w.proj).view(groups, bsz, t, nb, 3, width).unbind(4)  # each [G, b, t, B, D]
+                if values is not None:
+                    values.append(v[:, :, :, 0])  # [G, b, t, D]
+                k, v = self._heads(k), self._heads(v)  # [G, b, B*h, t, dh]
+            else:
+                q = apply(xs, w.proj).view(groups, bsz, t, nb, width)
+                k, v = self.memory_kv(memory, w)  # [G, b, B*h, s, dh]
+            mask = None if key_pad is None else ~key_pad[None, :, None, None, :]  # [1, b, 1, 1, s], True = attend
+            o = attend(self._heads(q), k, v, mask, causal=causal, dropout_p=dropout)  # [G, b, B*h, t, dh]
+            o = o.transpose(2, 3).reshape(groups, bsz, t, nb * width)  # [G, b, t, B*D]
+        if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
+            return apply(o, w.out)
+        scale = branch_scale / nb  # [G, b, B]
+        o = (o.view(groups, bsz, t, nb, width) * scale[:, :, None, :, None].to(o.dtype)).view(groups, bsz, t, nb * width)
+        b_out = torch.einsum("pbk,pkc->pbc", scale, w.b_out)[:, :, None, :]  # [G, b, 1, C]
+        return path_project(o, w.w_out, None) + b_out
+
+    def _cached(self, xs: torch.Tensor, w: AttentionWeights, memory: torch.Tensor | None,
+                key_pad: torch.Tensor | None, cache: KVCache, values: list | None) -> torch.Tensor:
+        """The newest ``t`` positions ``xs [G, b, t, C]`` -> the branches' outputs ``[G, b, t, B*D]`` (before the
+        output projection), with ``w`` from :meth:`crop` with ``step=True``.
+
+        The same attention as the full pass, laid out for few queries per row: the keys/values of
+        self-attention are appended to ``cache`` and the new positions attend causally (each to
+        the past and to the new positions up to itself); those of cross-attention are computed
+        once. For one position (the usual step) the projected q/k/v rows are already heads
+        (``[G, b, B*h, dh]``, views).
+        """
+        groups, bsz, t, _ = xs.shape
+        heads = w.b_out.size(1) * self.heads  # B*h
+        causal = None
+        if memory is None:
+            if t == 1:
+                q, k, v = apply(xs, w.proj).view(groups, bsz, 3, heads, -1).unbind(2)  # each [G, b, B*h, dh]
+                if values is not None:  # branch 0's values [G, b, 1, D]
+                    values.append(v[:, :, :self.heads].reshape(groups, bsz, 1, -1))
+                kt, v = cache.step(k, v)  # [N, dh, T], [N, T, dh]
+            else:
+                qkv = apply(xs, w.proj).view(groups, bsz, t, 3, heads, -1).permute(3, 0, 1, 4, 2, 5)
+                q, k, v = qkv.unbind(0)  # each [G, b, B*h, t, dh]
+                if values is not None:
+                    values.append(v[:, :, :self.heads].transpose(2, 3).reshape(groups, bsz, t, -1))
+                past = cache.length
+                k, v = cache.append(k, v)  # [G, b, B*h, T, dh]
+                kt, v = k.flatten(0, 2).transpose(1, 2), v.flatten(0, 2)
+                # query i (position past + i) sees keys 0 .. past + i
+                later = torch.arange(past + t, device=xs.device)[None, :] > past + torch.arange(t, device=xs.device)[:, None]
+                causal = torch.zeros(later.shape, dtype=q.dtype, device=xs.device).masked_fill(later, float("-inf"))
+        else:
+            q = apply(xs, w.proj).view(groups, bsz, t, heads, -1)  # [G, b, t, B*h, dh]
+            q = q.squeeze(2) if t == 1 else q.transpose(2, 3)  # [G, b, B*h, dh] or [G, b, B*h, t, dh]
+            if not cache.filled:
+                k, v = self.memory_kv(memory, w)
+                cache.set(k.contiguous(), v.contiguous())
+            kt, v = memoized(cache.memo, "kv", _flat, cache)
+        bias = None if key_pad is None else memoized(cache.memo, "bias", _additive, key_pad, cache.k)
+        if causal is not None:
+            bias = causal if bias is None else bias + causal
+        o = attend_cached(q.reshape(-1, t, q.size(-1)), kt, v, bias)  # [N, t, dh]
+        if t == 1:
+            return o.view(groups, bsz, 1, -1)
+        return o.view(groups, bsz, heads, t, -1).transpose(2, 3).reshape(groups, bsz, t, -1)
+
+    def _heads(self, z: torch.Tensor) -> torch.Tensor:
+        """``[G, b, t, B, D] -> [G, b, B*h, t, D/h]``: branches become extra attention heads."""
+        n_paths, bsz, t, nb, width = z.shape
+        return z.reshape(n_paths, bsz, t, nb * self.heads, width // self.heads).transpose(2, 3)
+
+
+def _flat(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cached keys transposed ``[N, dh, s]`` and values ``[N, s, dh]`` (views, N = G*b*B*h)."""
+    return cache.k.flatten(0, 2).transpose(1, 2), cache.v.flatten(0, 2)
+
+
+def _additive(key_pad: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``key_pad [b, s]`` (True at padding) -> the additive mask ``[G*b*B*h, 1, s]`` of keys ``k [G, b, B*h, s, dh]``."""
+    groups, bsz, heads, s, _ = k.shape
+    add = torch.zeros(key_pad.shape, dtype=k.dtype, device=k.device).masked_fill(key_pad, float("-inf"))
+    return add[None, :, None, None, :].expand(groups, bsz, heads, 1, s).reshape(groups * bsz * heads, 1, s)

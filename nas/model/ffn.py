@@ -1,0 +1,99 @@
+"""The elastic position-wise FFN (Scalable Transformers eq. 2) of every (unit, path) group, and its
+pre-norm multi-path form with the per-path layer norm folded into the first projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nas.model.ops import dropout as drop
+from nas.model.ops import Packed, apply, memoized, pack
+from nas.model.paths import PathFusion
+
+__all__ = ["ElasticFFN", "path_ffn"]
+
+
+class ElasticFFN(nn.Module):
+    """Position-wise FFN ``ReLU(x W1^T + b1) W2^T + b2`` (Scalable Transformers eq. 2) per (unit, path) group.
+
+    ``w1 [U, P, F, C]`` and ``w2 [U, P, C, F]``; a call on U units x P paths with ``ffn_width=F_l``
+    on inputs of C_l channels uses ``w1[:U, :P, :F_l, :C_l]`` and ``w2[:U, :P, :C_l, :F_l]``.
+    """
+
+    def __init__(self, model_dim: int, max_ffn_width: int, max_paths: int = 1, max_units: int = 1) -> None:
+        super().__init__()
+        lead = (max_units, max_paths)
+        self.w1 = nn.Parameter(torch.empty(*lead, max_ffn_width, model_dim))
+        self.b1 = nn.Parameter(torch.zeros(*lead, max_ffn_width))
+        self.w2 = nn.Parameter(torch.empty(*lead, model_dim, max_ffn_width))
+        self.b2 = nn.Parameter(torch.zeros(*lead, model_dim))
+        for w in (self.w1, self.w2):
+            for group in w.data.flatten(0, 1):
+                nn.init.xavier_uniform_(group)
+
+    def forward(self, xs: torch.Tensor, ffn_width: int, units: int = 1, dropout: float = 0.0,
+                memo: dict | None = None) -> torch.Tensor:
+        """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major); ``dropout`` on the hidden layer;
+        ``memo`` (incremental decoding) keeps the cropped weights for the batch."""
+        packed = None if memo is None else memo.get("ffn_plain")
+        if packed is None:
+            packed = memoized(memo, "ffn_plain", self.crop, units, xs.size(0) // units, ffn_width, xs.size(-1))
+        first, second = packed
+        hidden = F.relu(apply(xs, first))  # [G, b, t, F_l]
+        return apply(drop(hidden, dropout), second)
+
+    def crop(self, units: int, n_paths: int, ffn_width: int, c: int) -> tuple[Packed, Packed]:
+        """``w1[:U, :P, :F, :C]``, ``b1`` and ``w2[:U, :P, :C, :F]``, ``b2``, packed (:func:`~nas.model.ops.pack`)."""
+        u, p = units, n_paths
+        w1, b1 = self.w1[:u, :p, :ffn_width, :c].flatten(0, 1), self.b1[:u, :p, :ffn_width].flatten(0, 1)
+        w2, b2 = self.w2[:u, :p, :c, :ffn_width].flatten(0, 1), self.b2[:u, :p, :c].flatten(0, 1)
+        return pack(w1, b1), pack(w2, b2)
+
+    def fold(self, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ffn_width: int, c: int) -> tuple[torch.Tensor, ...]:
+        """``(W1 g, b1 + W1 b, W2, b2)`` for ``LN_p(x) = x^ g_p + b_p``: ``[G, F, C]``, ``[G, F]``, ``[G, C, F]``, ``[G, C]``."""
+        units, n_paths = ln_weight.size(0), ln_weight.size(1)
+        w1, b1 = self.w1[:units, :n_paths, :ffn_width, :c], self.b1[:units, :n_paths, :ffn_width]  # [U, P, F, C]
+        w1f = (w1 * ln_weight[:, :, None, :]).flatten(0, 1)  # [G, F, C]
+        b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).flatten(0, 1)  # [G, F]
+        w2 = self.w2[:units, :n_paths, :c, :ffn_width].flatten(0, 1)  # [G, C, F]
+        b2 = self.b2[:units, :n_paths, :c].flatten(0, 1)  # [G, C]
+        return w1f, b1f, w2, b2
+
+    def folded(self, xn: torch.Tensor, ln_weight: torch.Tensor, ln_bias: torch.Tensor, ffn_width: int,
+               dropout: float = 0.0, memo: dict | None = None) -> torch.Tensor:
+        """The FFN of every path on ``LN_p(x) = x^ * g_p + b_p`` without materialising the P inputs.
+
+        ``W1 (x^ g + b) = (W1 g) x^ + W1 b``: each path's layer-norm affine is folded into its first
+        projection (:meth:`fold`), and the P paths' first projections run as one batched matmul reading the
+        shared normalised input (a stride-0 batch: the P inputs are never materialised).
+
+        Args: ``xn [U, b, t, C]`` (``LN(x_u)`` without affine), ``ln_weight``/``ln_bias``
+        ``[U, P, C]`` (Multi-Path eq. 5's per-path LN), ``dropout`` on the hidden layer, ``memo``
+        (incremental decoding) keeps the folded weights. Returns ``[U*P, b, t, C]`` (unit-major),
+        equal to ``forward(LN_p(x_u))``.
+        """
+        units, n_paths, c = ln_weight.size(0), ln_weight.size(1), xn.size(-1)
+        _, bsz, t, _ = xn.shape
+        groups = units * n_paths
+        w1f, b1f, w2, b2 = memoized(memo, "ffn", self.fold, ln_weight, ln_bias, ffn_width, c)
+        if torch.is_autocast_enabled(xn.device.type):  # cast once, before the paths share it
+            xn = xn.to(torch.get_autocast_dtype(xn.device.type))
+        shared = xn.reshape(units, 1, bsz * t, c).expand(units, n_paths, bsz * t, c)
+        # one unit: the P paths read the same memory (a stride-0 batch), nothing is copied
+        shared = shared[0] if units == 1 else shared.reshape(groups, bsz * t, c)
+        hidden = drop(F.relu(torch.baddbmm(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
+        return torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
+
+
+def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: int, n_paths: int,
+             dropout: float = 0.0, memo: dict | None = None) -> torch.Tensor:
+    """``FFN(LN_p(x_u))`` of every (unit, path) group, ``xu [U, b, t, C] -> [U*P, b, t, C]`` (Multi-Path eq. 5).
+
+    The plain pre-norm FFN for one unit and one path; otherwise the per-path LN affine is folded
+    into the first projection (:meth:`ElasticFFN.folded`, its weights kept in ``memo`` when given).
+    """
+    units, c = xu.size(0), xu.size(-1)
+    if units == 1 and n_paths == 1:
+        return ffn(fusion.paths_in(xu, 1, memo), ffn_width, 1, dropout, memo)
+    return ffn.folded(F.layer_norm(xu, (c,)), *fusion.ln_affine(units, n_paths, c), ffn_width, dropout, memo)

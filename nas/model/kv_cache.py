@@ -1,0 +1,164 @@
+"""Decoding state of incremental (key/value-cached) decoding, one object per decoder layer.
+
+The decoder layer runs the same code over a whole target (no cache) and over one new position
+(with a :class:`LayerCache`): each sublayer takes its part of the state, as torchtune's
+``KVCache`` does. The state holds
+
+- :class:`KVCache` for the self-attention (keys/values appended every step) and the
+  cross-attention (keys/values of the encoder memory, computed once);
+- :class:`ConvCache`, the last ``K - 1`` values of Prime's causal convolution;
+- ``memo``: weights cropped (and folded) once per batch by the sublayers, so a step does no
+  cropping (a dict keyed by the sublayer's name).
+
+Two storage modes: ``capacity > 0`` preallocates the self-attention buffers (doubled when full;
+eager decoding, :class:`nas.model.decode.IncrementalDecoder`); ``capacity == 0`` concatenates,
+so a step's state is a function of the previous one (``SuperTransformer.decode_step`` and the
+exported ONNX decoder step: past in, present out).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["KVCache", "ConvCache", "LayerCache"]
+
+
+class KVCache:
+    """Keys and values of one attention sublayer, each ``[G, n, B*h, T, dh]`` (time at axis 3, rows at 1).
+
+    Args:
+        capacity: initial buffer length (positions) for preallocated storage; 0 concatenates.
+        k, v: initial contents (the ONNX interface's past state, or cross-attention keys/values).
+    """
+
+    def __init__(self, capacity: int = 0, k: torch.Tensor | None = None, v: torch.Tensor | None = None) -> None:
+        self.capacity = capacity
+        self.k, self.v = k, v
+        self.length = 0 if k is None else k.size(3)  # filled positions
+        self.memo: dict = {}
+
+    @property
+    def filled(self) -> bool:
+        """True once keys/values are stored (cross-attention: computed from the memory)."""
+        return self.k is not None
+
+    def set(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store fixed keys/values ``[G, n, B*h, s, dh]`` (cross-attention over the encoder memory)."""
+        self.k, self.v, self.length = k, v, k.size(3)
+        self.memo.pop("kv", None)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the newest positions ``k, v [G, n, B*h, t, dh]``; return every position so far ``[G, n, B*h, T, dh]``."""
+        if not self.capacity:
+            if self.k is not None:
+                k, v = torch.cat([self.k, k], 3), torch.cat([self.v, v], 3)
+            self.set(k, v)
+            return k, v
+        start, end = self.length, self.length + k.size(3)
+        if self.k is None:
+            shape = (*k.shape[:3], max(self.capacity, end), k.size(4))
+            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)  # [G, n, B*h, T_max, dh]
+        while end > self.k.size(3):  # grow the buffers (doubling)
+            self.k, self.v = (torch.cat([b, torch.zeros_like(b)], 3) for b in (self.k, self.v))
+        self.k.narrow(3, start, end - start).copy_(k)
+        self.v.narrow(3, start, end - start).copy_(v)
+        self.length = end
+        return self.k.narrow(3, 0, end), self.v.narrow(3, 0, end)
+
+    def step(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one position ``k, v [G, n, B*h, dh]``; return every position so far as the two operands of
+        :func:`~nas.model.ops.attend_cached`: keys transposed ``[N, dh, T]`` and values ``[N, T, dh]``
+        (N = G*n*B*h; views of the buffers with preallocated storage)."""
+        if not self.capacity:
+            k, v = self.append(k.unsqueeze(3), v.unsqueeze(3))
+            return k.flatten(0, 2).transpose(1, 2), v.flatten(0, 2)
+        pos = self.length
+        if self.k is None or pos >= self.k.size(3):
+            self.append(k.unsqueeze(3), v.unsqueeze(3))  # allocates or grows the buffers
+        else:
+            self.k.select(3, pos).copy_(k)
+            self.v.select(3, pos).copy_(v)
+            self.length = pos + 1
+        n, t_max, dh = self.k.size(0) * self.k.size(1) * self.k.size(2), self.k.size(3), self.k.size(4)
+        return self.k.view(n, t_max, dh)[:, :pos + 1].transpose(1, 2), self.v.view(n, t_max, dh)[:, :pos + 1]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep rows ``index [n']`` (beam search's surviving hypotheses, or the sentences left)."""
+        if self.k is None:
+            return
+        if self.capacity and index.numel() == self.k.size(1):  # same row count: the filled prefix in place
+            n = self.length
+            self.k[:, :, :, :n] = self.k[:, :, :, :n].index_select(1, index)
+            self.v[:, :, :, :n] = self.v[:, :, :, :n].index_select(1, index)
+        else:
+            self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+        for key in ("bias", "kv"):  # views of the rows: rebuilt from the kept rows
+            self.memo.pop(key, None)
+
+
+class ConvCache:
+    """The last ``K - 1`` values ``[U, n, K-1, D]`` of Prime's causal convolution (K: the largest kernel)."""
+
+    def __init__(self, window: torch.Tensor | None = None) -> None:
+        self.window = window
+        self.memo: dict = {}
+
+    def extend(self, v: torch.Tensor, size: int) -> torch.Tensor:
+        """Values of the newest positions ``v [U, n, t, D]`` -> ``[U, n, K-1+t, D]`` (the past ``K - 1`` first,
+        zeros before the first position); keeps the last ``K - 1`` (``K = size``)."""
+        past = self.window
+        if past is None:
+            past = v.new_zeros(v.size(0), v.size(1), size - 1, v.size(-1))
+        padded = torch.cat([past, v], 2)  # [U, n, K-1+t, D]
+        self.window = padded[:, :, padded.size(2) - (size - 1):]
+        return padded
+
+    def reorder(self, index: torch.Tensor) -> None:
+        if self.window is not None:
+            self.window = self.window.index_select(1, index)
+
+
+class LayerCache:
+    """The incremental-decoding state of one decoder layer (see the module docstring).
+
+    Args:
+        capacity: the self-attention buffers' initial length (positions); 0 concatenates.
+    """
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.self_attn = KVCache(capacity)
+        self.cross_attn = KVCache()
+        self.conv = ConvCache()
+        self.memo: dict = {}
+
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
+        """Keep rows ``index [n']`` of the per-hypothesis state (self-attention keys/values, the
+        convolution window) and, with ``sentences [n']``, of the cross-attention keys/values."""
+        self.self_attn.reorder(index)
+        self.conv.reorder(index)
+        if sentences is not None:
+            self.cross_attn.reorder(sentences)
+
+    def to_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The state as plain tensors: ``{"self": {"k", "v"}, "cross": {"ck", "cv"}, "conv": {"v"}}``
+        (parts not yet filled left out): the ONNX decoder step's ``past.*``/``present.*`` names."""
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        if self.self_attn.filled:
+            out["self"] = {"k": self.self_attn.k, "v": self.self_attn.v}
+        if self.cross_attn.filled:
+            out["cross"] = {"ck": self.cross_attn.k, "cv": self.cross_attn.v}
+        if self.conv.window is not None:
+            out["conv"] = {"v": self.conv.window}
+        return out
+
+    @classmethod
+    def from_dict(cls, parts: dict[str, dict[str, torch.Tensor]]) -> "LayerCache":
+        """Inverse of :meth:`to_dict` (concatenating storage)."""
+        cache = cls()
+        if "self" in parts:
+            cache.self_attn.set(parts["self"]["k"], parts["self"]["v"])
+        if "cross" in parts:
+            cache.cross_attn.set(parts["cross"]["ck"], parts["cross"]["cv"])
+        if "conv" in parts:
+            cache.conv.window = parts["conv"]["v"]
+        return cache
