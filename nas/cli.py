@@ -418,7 +418,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     from nas.data import DataError
     from nas.eval.scores import encode_sources
     from nas.eval.latency import LatencyPredictor, collect_samples
-    from nas.model.io import atomic_write_text, load_model
+    from nas.io import atomic_write_text
+    from nas.model.io import load_model
     from nas.builders import prepare_sweep_data
     from nas.space.space import SearchSpace
 

@@ -228,6 +228,14 @@ def test_the_public_load_spec_loads_no_heavy_library():
     assert not {m for m in loaded if m.split(".")[0] in HEAVY}
 
 
+@pytest.mark.parametrize("module", ["nas.tracking.plots", "nas.report"])
+def test_plots_and_reports_load_no_torch(module):
+    """A PNG or an HTML report needs matplotlib and MLflow rows, not the model (issue 13: they imported
+    torch through the model's file writers)."""
+    loaded = _loaded_after(f"import {module}\nimport {module} as m\n[getattr(m, n) for n in getattr(m, '__all__', [])]")
+    assert "torch" not in loaded
+
+
 # --------------------------------------------------------------------------- the checker can fail
 
 

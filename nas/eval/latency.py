@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import random
 import statistics
@@ -43,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from nas.model.decode import beam_search
-from nas.model.io import atomic_write_text
+from nas.io import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch, StackArch
 from nas.space.predictor_file import FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta
@@ -422,7 +421,7 @@ class LatencyPredictor:
     def save(self, path: str | Path) -> Path:
         """Write the weights to ``path`` (safetensors) and the rest to ``path`` with suffix ``.json``.
 
-        Both files are written to a temporary name first and moved into place (``os.replace``).
+        Both files are written atomically (:mod:`nas.io`: a temporary sibling, fsync, ``os.replace``).
         Returns the weights' path.
 
         Raises:
@@ -432,9 +431,8 @@ class LatencyPredictor:
             raise RuntimeError("the latency predictor is not fitted; nothing to save")
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        save_file({k: v.detach().contiguous() for k, v in self.net.state_dict().items()}, str(tmp))
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            save_file({k: v.detach().contiguous() for k, v in self.net.state_dict().items()}, str(tmp))
         atomic_write_text(path.with_suffix(".json"), json.dumps(self._sidecar(), indent=2))
         return path
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from nas.data import Tokenizer
 from nas.eval.scores import translate
-from nas.model.io import atomic_write_text, load_model, save_model
+from nas.io import atomic_write_text
+from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
 

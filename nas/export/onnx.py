@@ -40,7 +40,8 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, Tokenizer
 from nas.model.decode import beam_search
-from nas.model.io import atomic_write_text, load_model, save_model
+from nas.io import atomic_write_text
+from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
 

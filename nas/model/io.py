@@ -1,45 +1,16 @@
-"""Model files: safetensors weights + JSON constructor config, written atomically."""
+"""Model files: safetensors weights + JSON constructor config, each written atomically (:mod:`nas.io`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
+from nas.io import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer
 
-__all__ = ["save_model", "load_model", "atomic_write_text", "atomic_write_bytes"]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace`` (no torn files)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file and ``os.replace`` (mode 0644; no torn files).
-
-    Returns ``path``. The temporary file is removed when the write fails.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+__all__ = ["save_model", "load_model"]
 
 
 def save_model(model: SuperTransformer, directory: str | Path, name: str = "model") -> Path:
@@ -47,9 +18,8 @@ def save_model(model: SuperTransformer, directory: str | Path, name: str = "mode
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     weights = directory / f"{name}.safetensors"
-    tmp = directory / f".{name}.safetensors.tmp"
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp))
-    os.replace(tmp, weights)
+    with atomic_path(weights) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp))
     atomic_write_text(directory / f"{name}.json", json.dumps(model.config(), indent=2))
     return weights
 

@@ -51,7 +51,8 @@ from rich.progress import (
 from nas.errors import NasError
 from nas.data import PreparedData
 from nas.eval.scores import corpus_scores, translate, valid_loss
-from nas.model.io import atomic_write_bytes, atomic_write_text, load_model
+from nas.io import atomic_write_bytes, atomic_write_text
+from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace

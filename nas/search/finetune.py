@@ -50,7 +50,8 @@ from nas.errors import NasError
 from nas import tracking
 from nas.eval.scores import valid_loss
 from nas.search.fidelity import score_model
-from nas.model.io import atomic_write_text, save_model
+from nas.io import atomic_write_text
+from nas.model.io import save_model
 from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import OPTUNA_TRIAL_KEY, StudyRef

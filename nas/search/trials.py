@@ -28,7 +28,8 @@ from ray import tune
 from nas import faults
 from nas.data import PreparedData
 from nas.eval.scores import corpus_scores, translate, valid_loss
-from nas.model.io import atomic_write_text, load_model
+from nas.io import atomic_write_text
+from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.space.space import SearchSpace
