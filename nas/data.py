@@ -31,6 +31,7 @@ import torch
 from rich.console import Console
 
 from nas.errors import NasError
+from nas.space.datafiles import file_problem
 
 __all__ = [
     "BOS_ID",
@@ -259,17 +260,12 @@ def _open_prepared(root: Path) -> PreparedData:
 
 
 def _check_exist(paths: list[Path]) -> None:
-    """Each path is a readable file (before anything is hashed, read or written); DataError naming its key."""
+    """Each path is a readable file (before anything is hashed, read or written); DataError naming its key
+    (:func:`nas.space.datafiles.file_problem`, the check ``load_spec`` runs too)."""
     for path, key in zip(paths, _KEYS):
-        if path.is_dir():
-            raise DataError(f"{key}: {path} is a folder, not a data file; {_fix_hint(key)}")
-        if not path.is_file():
-            raise DataError(f"data file not found: {path}; {_fix_hint(key)}")
-        try:
-            path.open("rb").close()
-        except OSError as e:
-            raise DataError(f"{key}: cannot read data file {path} ({e.strerror or e}); make it readable "
-                            f"or {_fix_hint(key)}") from e
+        problem = file_problem(path, key)
+        if problem:
+            raise DataError(f"{key}: {problem}")
 
 
 def _read_pairs(

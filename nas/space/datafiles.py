@@ -22,7 +22,27 @@ from nas.space.errors import SpecError
 if TYPE_CHECKING:
     from nas.space.schema import SweepSpec
 
-__all__ = ["count_lines", "check_data_files"]
+__all__ = ["file_problem", "count_lines", "check_data_files"]
+
+
+def file_problem(f: Path, key: str) -> str | None:
+    """Why ``f`` cannot be opened as the data file named by the YAML key ``key`` (missing, a folder, not a
+    regular file, unreadable), as the end of an error message that names the fix; None when it opens.
+
+    The one check of a data file's path: :func:`check_data_files` (at ``load_spec``) and
+    ``nas.data.prepare_data`` (before anything is hashed, read or written) both use it.
+    """
+    if f.is_dir():
+        return f"{f} is a folder, not a data file; point {key} at a text file (one sentence per line, gzip or plain UTF-8)"
+    if not f.exists():
+        return f"file not found: {f} (resolved from {Path.cwd()}); fix the path or run from the folder it is relative to"
+    if not f.is_file():
+        return f"{f} is not a regular file; point {key} at a text file"
+    try:
+        f.open("rb").close()
+    except OSError as e:
+        return f"cannot read {f} ({e.strerror or e}); make it readable (chmod a+r) or point {key} at a readable copy"
+    return None
 
 
 def count_lines(f: Path, key: str, source: str) -> int:
@@ -38,11 +58,9 @@ def count_lines(f: Path, key: str, source: str) -> int:
             names ``key``.
     """
     where = f"{source}: {key}"
-    if f.is_dir():
-        raise SpecError(f"{where}: {f} is a folder, not a data file; point {key} at a text file "
-                        f"(one sentence per line, gzip or plain UTF-8)")
-    if not f.is_file():
-        raise SpecError(f"{where}: {f} is not a regular file; point {key} at a text file")
+    problem = file_problem(f, key)
+    if problem:
+        raise SpecError(f"{where}: {problem}")
     try:
         with f.open("rb") as raw:
             gz = f.suffix == ".gz" or raw.read(2) == b"\x1f\x8b"
@@ -76,8 +94,7 @@ def check_data_files(spec: SweepSpec, source: str) -> None:
         for side in ("src", "tgt"):
             f = getattr(pair, side)
             if not f.exists():
-                raise SpecError(f"{source}: data.{split}.{side}: file not found: {f} (resolved from {Path.cwd()}); "
-                                f"fix the path or run from the folder it is relative to")
+                raise SpecError(f"{source}: data.{split}.{side}: {file_problem(f, f'data.{split}.{side}')}")
     for split, pair in pairs.items():
         src_lines = count_lines(pair.src, f"data.{split}.src", source)
         tgt_lines = count_lines(pair.tgt, f"data.{split}.tgt", source)
