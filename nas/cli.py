@@ -418,6 +418,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     from nas.data import DataError
     from nas.eval.scores import encode_sources
     from nas.eval.latency import LatencyPredictor, collect_samples
+    from nas.eval.measure_lock import MeasureLock
     from nas.io import atomic_write_text
     from nas.model.io import load_model
     from nas.builders import prepare_sweep_data
@@ -434,7 +435,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     src_text, _ = data.valid_text()
     ids = encode_sources(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
     measured = collect_samples(model, SearchSpace.from_spec(spec), ids, samples, seed=seed, batch_sizes=(batch_size,),
-                               beam_size=spec.search.beam_size, threads=threads or max(1, int(spec.search.cpu_per_trial)))
+                               beam_size=spec.search.beam_size, repeats=spec.search.latency_repeats,
+                               threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=MeasureLock())
     predictor = LatencyPredictor(model.model_dim, batch_size=batch_size, beam_size=spec.search.beam_size,
                                  device=measured[0]["device"])
     try:

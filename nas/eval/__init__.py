@@ -7,6 +7,8 @@ What lives where (every public name below is re-exported here and loaded on firs
   chrF, sacrebleu), :func:`valid_loss` (NLL, nats per target token), :func:`encode_sources`, :class:`Scores`.
 - :mod:`nas.eval.latency`: :func:`measure_latency` (median ms per batch), :func:`collect_samples`,
   :func:`arch_features` and the HAT-style :class:`LatencyPredictor`, :func:`check_drift`, :func:`describe_device`.
+- :mod:`nas.eval.measure_lock`: :class:`MeasureLock`, the node-wide lock that a latency measurement holds alone
+  and other scoring work holds shared (standard library only).
 
 Ranking fidelity (inherited against standalone scores) trains models, so it sits above the trainers:
 :mod:`nas.search.fidelity`.
@@ -21,16 +23,19 @@ _MODULES = {
     "scores": ("translate", "corpus_scores", "valid_loss", "encode_sources", "Scores"),
     "latency": ("FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
                 "LatencyPredictor", "check_drift"),
+    "measure_lock": ("LOCK_DIR_ENV", "Hold", "MeasureLock", "lock_dir"),
 }
 """Submodule -> the public names it defines (its ``__all__``)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["FEATURE_NAMES", "LatencyPredictor", "Scores", "arch_features", "check_drift", "collect_samples",
-           "corpus_scores", "describe_device", "encode_sources", "measure_latency", "translate", "valid_loss"]
+__all__ = ["FEATURE_NAMES", "Hold", "LOCK_DIR_ENV", "LatencyPredictor", "MeasureLock", "Scores", "arch_features",
+           "check_drift", "collect_samples", "corpus_scores", "describe_device", "encode_sources", "lock_dir",
+           "measure_latency", "translate", "valid_loss"]
 
 if TYPE_CHECKING:
     from nas.eval.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
                                   describe_device, measure_latency)
+    from nas.eval.measure_lock import LOCK_DIR_ENV, Hold, MeasureLock, lock_dir
     from nas.eval.scores import Scores, corpus_scores, encode_sources, translate, valid_loss
 
 

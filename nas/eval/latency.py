@@ -25,13 +25,14 @@ is part of what is measured.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import platform
 import random
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -41,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from nas.eval.measure_lock import MeasureLock
 from nas.model.decode import beam_search
 from nas.io import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer, extract
@@ -103,15 +105,19 @@ def _batches(sentences: Sequence[Sequence[int]], batch_size: int, device: torch.
 
 @torch.no_grad()
 def measure_latency(model: SuperTransformer, arch: Arch | None, sentences: Sequence[Sequence[int]], *,
-                    batch_size: int = 1, beam_size: int = 4, repeats: int = 1) -> float:
+                    batch_size: int = 1, beam_size: int = 4, repeats: int = 3, threads: int = 1,
+                    lock: MeasureLock | None = None) -> float:
     """Median wall time (milliseconds) to translate one batch of ``batch_size`` sentences with
-    beam search, embeddings and output projection included, on the model's device and this
-    process's torch threads.
+    beam search, embeddings and output projection included, on the model's device.
 
-    Sentences are sorted by length and cut into batches; after one untimed warm-up batch,
-    every batch is timed ``repeats`` times and the median over all timings is returned.
-    With ``batch_size=1, repeats=1`` on the extracted sub-Transformer this is a search trial's
-    ``latency_ms`` (:func:`nas.search.trials.score_arch`).
+    Sentences are sorted by length and cut into batches. One untimed pass over all batches warms
+    up (allocations, kernel selection, caches); then every batch is timed ``repeats`` times, in
+    passes over all batches, and the median over all timings is returned. Torch runs on exactly
+    ``threads`` threads while measuring (the caller's thread count is restored afterwards) and
+    Python's garbage collector is paused during the timed passes. With ``lock``, warm-up and timing
+    hold it exclusively (:meth:`MeasureLock.exclusive`): nothing else that holds the node's lock
+    computes meanwhile. With ``batch_size=1`` on the extracted sub-Transformer this is a search
+    trial's ``latency_ms`` (:func:`nas.search.trials.score_arch`).
 
     Args:
         model: a supernet or an extracted model (put in eval mode).
@@ -120,30 +126,46 @@ def measure_latency(model: SuperTransformer, arch: Arch | None, sentences: Seque
         batch_size: sentences per batch.
         beam_size: beams per sentence (1: greedy).
         repeats: timed passes over all batches.
+        threads: torch threads (intra-op) while measuring.
+        lock: the node's measurement lock (:class:`nas.eval.measure_lock.MeasureLock`); None: no lock.
 
     Raises:
         ValueError: fewer sentences than ``batch_size``, an empty sentence, or
-            ``batch_size``/``repeats`` below 1.
+            ``batch_size``/``repeats``/``threads`` below 1.
     """
-    if batch_size < 1 or repeats < 1:
-        raise ValueError(f"batch_size={batch_size} and repeats={repeats} must be >= 1")
+    if batch_size < 1 or repeats < 1 or threads < 1:
+        raise ValueError(f"batch_size={batch_size}, repeats={repeats} and threads={threads} must be >= 1")
     if len(sentences) < batch_size:
         raise ValueError(f"batch_size={batch_size} needs at least {batch_size} sentences; got {len(sentences)}")
     if any(len(s) == 0 for s in sentences):
         raise ValueError("an empty sentence; each needs at least its EOS id")
     model.eval()
     device = next(model.parameters()).device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     batches = _batches(sentences, batch_size, device)
-    beam_search(model, batches[0], arch, beam_size=beam_size)  # warm-up
+    with (lock.exclusive() if lock is not None else nullcontext()), _threads(threads):
+        return _time_batches(model, arch, batches, beam_size, repeats, device)
+
+
+def _time_batches(model: SuperTransformer, arch: Arch | None, batches: list[torch.Tensor], beam_size: int,
+                  repeats: int, device: torch.device) -> float:
+    """Warm up on every batch once, then the median ms of ``repeats`` timed passes over ``batches``."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for src in batches:  # warm-up
+        beam_search(model, src, arch, beam_size=beam_size)
     times = []
-    for _ in range(repeats):
-        for src in batches:
-            sync()
-            t0 = time.perf_counter()
-            beam_search(model, src, arch, beam_size=beam_size)
-            sync()
-            times.append((time.perf_counter() - t0) * 1000.0)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for src in batches:
+                sync()
+                t0 = time.perf_counter()
+                beam_search(model, src, arch, beam_size=beam_size)
+                sync()
+                times.append((time.perf_counter() - t0) * 1000.0)
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(times)
 
 
@@ -189,8 +211,9 @@ def _sample_archs(space: SearchSpace, n: int, seed: int) -> list[Arch]:
 
 
 def collect_samples(supernet: SuperTransformer, space: SearchSpace, sentences: Sequence[Sequence[int]], n: int, *,
-                    seed: int = 0, batch_sizes: Sequence[int] = (1,), beam_size: int = 4, repeats: int = 1,
-                    threads: int | None = None, progress: bool = True) -> list[dict[str, Any]]:
+                    seed: int = 0, batch_sizes: Sequence[int] = (1,), beam_size: int = 4, repeats: int = 3,
+                    threads: int | None = None, lock: MeasureLock | None = None,
+                    progress: bool = True) -> list[dict[str, Any]]:
     """Measure the latency of ``n`` distinct sub-Transformers of ``space`` (HAT sec. 3.3's dataset).
 
     The first two are the widest and the narrowest, the rest uniformly random
@@ -203,8 +226,10 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, sentences: S
         space: where the archs come from (each must fit the supernet).
         sentences: source token ids, each ending in EOS (see :func:`measure_latency`).
         n: number of archs.
+        repeats: timed passes per arch and batch size (:func:`measure_latency`).
         threads: torch threads while measuring (None: the process's; the sweep's trials run
             with ``search.cpu_per_trial``), restored afterwards.
+        lock: the node's measurement lock, held exclusively during each measurement (None: none).
 
     Returns:
         One JSON-ready dict per (arch, batch size): ``arch`` (:meth:`Arch.to_dict`),
@@ -218,25 +243,23 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, sentences: S
         raise ValueError(f"n={n} must be >= 1")
     archs = _sample_archs(space, n, seed)
     device = next(supernet.parameters()).device
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(threads or previous_threads)
-    try:
-        return _measure_all(supernet, archs, sentences, batch_sizes, beam_size, repeats, device, progress)
-    finally:
-        torch.set_num_threads(previous_threads)
+    with _threads(threads or torch.get_num_threads()):
+        return _measure_all(supernet, archs, sentences, batch_sizes, beam_size, repeats, device, lock, progress)
 
 
 def _measure_all(supernet: SuperTransformer, archs: list[Arch], sentences: Sequence[Sequence[int]],
                  batch_sizes: Sequence[int], beam_size: int, repeats: int, device: torch.device,
-                 progress: bool) -> list[dict[str, Any]]:
+                 lock: MeasureLock | None, progress: bool) -> list[dict[str, Any]]:
     where = describe_device(device)
+    threads = torch.get_num_threads()
     samples = []
     with _progress(progress) as bar:
         task = bar.add_task("archs", total=len(archs) * len(batch_sizes), info="")
         for arch in archs:
             model = extract(supernet, arch).to(device)
             for bsz in batch_sizes:
-                ms = measure_latency(model, arch, sentences, batch_size=bsz, beam_size=beam_size, repeats=repeats)
+                ms = measure_latency(model, arch, sentences, batch_size=bsz, beam_size=beam_size, repeats=repeats,
+                                     threads=threads, lock=lock)
                 samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
                                 "batch_size": bsz, "beam_size": beam_size, "latency_ms": ms, "device": where})
                 bar.update(task, advance=1, info=f"{arch.arch_id} b{bsz}: {ms:.1f} ms")
@@ -255,11 +278,11 @@ def _mlp(features: int, hidden: int, hidden_layers: int) -> nn.Sequential:
 
 
 @contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run a tiny MLP on one thread: more threads only add synchronization (30 ms/step instead of 2
-    on a busy 2-core machine); the process's thread count is restored afterwards."""
+def _threads(n: int) -> Iterator[None]:
+    """Run on ``n`` torch threads; the process's thread count is restored afterwards. A tiny MLP runs on one:
+    more threads only add synchronization (30 ms/step instead of 2 on a busy 2-core machine)."""
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(n)
     try:
         yield
     finally:
@@ -361,7 +384,7 @@ class LatencyPredictor:
         opt = torch.optim.AdamW(self.net.parameters(), lr=lr, weight_decay=weight_decay)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
         self.net.train()
-        with _one_thread():
+        with _threads(1):
             for _ in range(epochs):
                 loss = nn.functional.mse_loss(self.net(x[train]).squeeze(1), y[train])
                 opt.zero_grad()
@@ -393,7 +416,7 @@ class LatencyPredictor:
             raise RuntimeError("the latency predictor is not fitted; call fit() or LatencyPredictor.load()")
         if not archs:
             return []
-        with _one_thread():
+        with _threads(1):
             return self._ms(self.net(self._x([_as_arch(a) for a in archs])).squeeze(1)).tolist()
 
     def predict(self, arch: Arch | Mapping[str, Any]) -> float:

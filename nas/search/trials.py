@@ -27,6 +27,7 @@ from ray import tune
 
 from nas import faults
 from nas.data import PreparedData
+from nas.eval.measure_lock import MeasureLock
 from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.io import atomic_write_text
 from nas.model.io import load_model
@@ -75,41 +76,58 @@ def _predictor(path: str):
     return LatencyPredictor.load(path)
 
 
-def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData) -> dict[str, float]:
+def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData, *,
+               lock: MeasureLock | None = None) -> dict[str, float]:
     """Score a sub-Transformer with inherited weights on the validation set.
 
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
     ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and
     ``latency_ms``: with ``search.latency: measured``, the median ms to translate one sentence (batch size 1,
     beam search, embeddings and output projection included) with the extracted sub-Transformer over the first
-    ``search.latency_sentences`` validation sentences (:func:`nas.eval.latency.measure_latency`, as
-    ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
+    ``search.latency_sentences`` validation sentences, each timed ``search.latency_repeats`` times after an
+    untimed warm-up pass, on ``search.cpu_per_trial`` torch threads (:func:`nas.eval.latency.measure_latency`,
+    as ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
     (HAT sec. 3.3). When a predictor is given with ``measured``, ``latency_pred_ms`` is added and
     ``latency_drift`` (``|pred - measured| / measured``), and a drift above 20% is warned about.
+
+    Decoding and the loss hold the node's measurement lock shared, the timing holds it exclusively
+    (:class:`nas.eval.measure_lock.MeasureLock`): trials scoring side by side on one node never time
+    themselves while another computes.
+
+    Args:
+        lock: the node's measurement lock (default: ``MeasureLock()``, the folder of
+            :func:`nas.eval.measure_lock.lock_dir`).
+
+    Raises:
+        OSError: the lock's folder or files cannot be created or opened.
     """
     from nas.eval.scores import encode_sources
     from nas.eval.latency import check_drift, measure_latency
 
     se = spec.search
-    src_text, refs = data.valid_text()
-    src_ids, tgt_ids = data.load_split("valid")
-    n = se.valid_sentences or len(src_text)
-    tokenizer = data.tokenizer()
-    hyps = translate(model, tokenizer, src_text[:n], arch, beam_size=se.beam_size)
-    scores = corpus_scores(hyps, refs[:n])
-    sub = extract(model, arch).eval()
-    metrics = {
-        "bleu": scores.bleu,
-        "chrf": scores.chrf,
-        "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens),
-        "params_m": count_params(sub) / 1e6,
-    }
-    predicted = None if se.latency_predictor is None else _predictor(str(se.latency_predictor)).predict(arch)
+    lock = lock if lock is not None else MeasureLock()
+    with lock.shared():
+        src_text, refs = data.valid_text()
+        src_ids, tgt_ids = data.load_split("valid")
+        n = se.valid_sentences or len(src_text)
+        tokenizer = data.tokenizer()
+        hyps = translate(model, tokenizer, src_text[:n], arch, beam_size=se.beam_size)
+        scores = corpus_scores(hyps, refs[:n])
+        sub = extract(model, arch).eval()
+        metrics = {
+            "bleu": scores.bleu,
+            "chrf": scores.chrf,
+            "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens),
+            "params_m": count_params(sub) / 1e6,
+        }
+        predicted = None if se.latency_predictor is None else _predictor(str(se.latency_predictor)).predict(arch)
+        ids = encode_sources(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
     if se.latency == "predicted":
         metrics["latency_ms"] = predicted
         return metrics
-    ids = encode_sources(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
-    metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size)
+    metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size,
+                                            repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
+                                            lock=lock)
     if predicted is not None:
         metrics["latency_pred_ms"] = predicted
         metrics["latency_drift"] = abs(predicted - metrics["latency_ms"]) / metrics["latency_ms"]
@@ -155,7 +173,8 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     try:
         fault = faults.point("score_trial", number=number, attempts=_result_path(ctx, number, ".attempts"),
                              label=f"Optuna trial {number}")
-        model = load_supernet(str(ctx.supernet_dir))
+        with MeasureLock().shared():  # reading the weights computes too: not while a trial times itself
+            model = load_supernet(str(ctx.supernet_dir))
         if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
             model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
         metrics = score_arch(model, arch, ctx.spec, ctx.data)

@@ -347,6 +347,9 @@ class SearchSpec(_Strict):
     """Score each trial on the first N validation sentences (None: all)."""
     latency_sentences: int = Field(10, ge=1)
     """Sentences timed one by one (batch size 1) for ``latency_ms``; the median is reported."""
+    latency_repeats: int = Field(3, ge=1)
+    """Timed passes over the ``latency_sentences`` (after one untimed warm-up pass); ``latency_ms`` is the median
+    of all ``latency_sentences * latency_repeats`` timings."""
     seed: int = 0
     max_failures: int = Field(0, ge=0)
     """Retries of a failing trial (Ray Tune ``FailureConfig(max_failures)``), for search trials and the
