@@ -94,6 +94,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
+    _print_feasibility(result.experiment, result.sweep_id, include_infeasible=False)
     m = result.supernet_metrics
     out.print(f"supernet: widest sub-Transformer BLEU {m.get('widest_bleu', float('nan')):.2f} "
               f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
@@ -174,25 +175,29 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
                                                          "(default: the sweep YAML's first two metrics, else that)."),
                 page_size: int = typer.Option(1000, min=1, help="Runs fetched from MLflow per request."),
                 plot_file: Optional[Path] = typer.Option(None, "--plot", help="Also write the front as a PNG "
-                                                         "(first objective against the second).")) -> None:
-    """Best trials from MLflow, ranked by a metric, filtered by sweep, status and constraints; optionally the Pareto front."""
+                                                         "(first objective against the second)."),
+                include_infeasible: bool = typer.Option(False, "--include-infeasible",
+                                                        help="Also rank trials that break their sweep's "
+                                                             "search.constraints (default: feasible trials only).")) -> None:
+    """Best trials from MLflow, ranked by a metric, filtered by sweep, status and constraints; optionally the Pareto front.
+
+    Each trial is judged by its own sweep's search.constraints: only the feasible ones are ranked (and can be on the
+    front) unless --include-infeasible; the feasible column says which.
+    """
     from nas import tracking
 
     scan = None
     try:
         experiment = experiment or _latest_experiment()
         if pareto or plot_file is not None:
-            constraints: tuple = ()
-            if sweep_id:  # the sweep's search.constraints: only feasible trials can be on its front
+            if sweep_id and not objectives:  # the sweep's objectives are read from its parent run
+                parent = tracking.find_sweep_run(sweep_id, experiment)
+            elif sweep_id:
                 try:
-                    parent = tracking.find_sweep_run(sweep_id, experiment)
+                    tracking.find_sweep_run(sweep_id, experiment)
                 except NotFoundError:
-                    if not objectives:  # the sweep's objectives are read from its parent run
-                        raise
                     err.print(f"[yellow]warning:[/yellow] sweep {escape(sweep_id)} has no parent run in "
-                              f"{escape(experiment)}: its search.constraints are not applied to the front")
-                else:
-                    constraints = tracking.sweep_constraints(parent)
+                              f"{escape(experiment)}: its search.constraints are not applied")
             if objectives:
                 objs = tracking.parse_objectives(objectives)
             elif sweep_id:
@@ -203,11 +208,11 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
                 raise NasError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
             scan = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                         where=where or (), page_size=page_size, keep_points=plot_file is not None,
-                                        constraints=constraints)
+                                        include_infeasible=include_infeasible)
             rows = scan.rows
         else:
             rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                        where=where or (), page_size=page_size)
+                                        where=where or (), page_size=page_size, include_infeasible=include_infeasible)
     except NasError as e:
         _fail(str(e))
     if scan is not None and plot_file is not None:
@@ -221,6 +226,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         if scan is not None:
             out.print(f"Pareto front ({', '.join(map(str, scan.objectives))}): {len(scan.front)} of {scan.scanned} "
                       f"matching trials; {sum(bool(r.pareto) for r in rows)} in this table (marked *)", highlight=False)
+        _print_feasibility(experiment, sweep_id, include_infeasible)
         return
     if out_file is None:
         _fail(f"--format {fmt} needs --out FILE")
@@ -229,6 +235,22 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     except NasError as e:
         _fail(str(e))
     out.print(f"wrote {len(rows)} rows to {path}")
+    _print_feasibility(experiment, sweep_id, include_infeasible)
+
+
+def _print_feasibility(experiment: str, sweep_id: Optional[str], include_infeasible: bool) -> None:
+    """Say which search.constraints a ranking applied (nothing when no sweep in scope has any)."""
+    from nas import tracking
+
+    bounds = tracking.describe_constraints(tracking.constraints_by_sweep(experiment, sweep_id))
+    if not bounds:
+        return
+    if include_infeasible:
+        out.print(f"all trials, feasible or not (column feasible), under search.constraints {escape(bounds)}",
+                  highlight=False)
+    else:
+        out.print(f"feasible trials only, under search.constraints {escape(bounds)}; --include-infeasible shows "
+                  "the others too", highlight=False)
 
 
 @app.command()
@@ -239,19 +261,33 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
            top: int = typer.Option(10, min=1, help="Rows in the best sub-Transformers table."),
            storage: Optional[str] = typer.Option(None, help="Optuna storage: journal file or database URL (default: "
                                                  "the sweep's nas.optuna_storage tag, else <run dir>/optuna.journal)."),
-           study: Optional[str] = typer.Option(None, help="Optuna study name (default: the sweep id, or the only one).")) -> None:
-    """Write a sweep's report: best sub-Transformers, the Pareto front and Optuna's parameter importances."""
+           study: Optional[str] = typer.Option(None, help="Optuna study name (default: the sweep id, or the only one)."),
+           include_infeasible: bool = typer.Option(False, "--include-infeasible",
+                                                   help="Also list trials that break the sweep's search.constraints "
+                                                        "among the best sub-Transformers (default: feasible only).")) -> None:
+    """Write a sweep's report: best sub-Transformers, the Pareto front and Optuna's parameter importances.
+
+    The best sub-Transformers are the feasible trials (meeting the sweep's search.constraints) unless
+    --include-infeasible; the Pareto front is always made of feasible trials.
+    """
     from nas.report import FORMATS, build_report, write_report
 
     if fmt not in FORMATS:
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     try:
-        rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study)
+        rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
+                           include_infeasible=include_infeasible)
     except NasError as e:
         _fail(str(e))
     paths = write_report(rep, out_file or Path(f"report-{sweep_id}.{fmt}"), fmt)
     out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
               f"front ({', '.join(map(str, rep.objectives))})", highlight=False)
+    if rep.constraints:
+        kept = ("all of them listed among the best" if include_infeasible else
+                f"the best sub-Transformers are the {rep.scanned - rep.infeasible} feasible ones; "
+                "--include-infeasible lists the others too")
+        out.print(f"search.constraints {escape(rep.constraints)}: {rep.infeasible} trials break them, {kept}",
+                  highlight=False)
     if rep.importance_error:
         err.print(f"[yellow]warning:[/yellow] parameter importances not computed: {escape(rep.importance_error)}",
                   highlight=False)
@@ -276,12 +312,19 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's)."),
            where: Optional[list[str]] = typer.Option(None, "--where", help="With --best: only trials meeting METRIC OP "
                                                      "NUMBER, e.g. 'latency_ms<=40' (repeatable)."),
+           include_infeasible: bool = typer.Option(False, "--include-infeasible",
+                                                   help="With --best: also consider trials that break their sweep's "
+                                                        "search.constraints (default: the best feasible trial)."),
            onnx: bool = typer.Option(False, "--onnx", help="Also write encoder.onnx, decoder_step.onnx and translate_onnx.py, "
                                                           "verified with onnxruntime."),
            register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
                                                   help="Also log the export as an MLflow pyfunc model, register it as NAME "
                                                        "and point the alias 'champion' at it.")) -> None:
-    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX, and an MLflow model)."""
+    """Write a standalone sub-Transformer: safetensors weights, config, arch and SentencePiece model (and ONNX, and an MLflow model).
+
+    --best exports the best trial that meets its sweep's search.constraints (exit 2, naming them, when none does)
+    unless --include-infeasible.
+    """
     if register is not None and not register.strip():
         _fail("--register needs a model name, e.g. --register quickstart-en-de")
     from nas import tracking
@@ -291,13 +334,13 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     if best == bool(run_id):
         _fail("pass exactly one of --best or --run-id ID")
     client = tracking.get_client()
+    chosen = None
     try:
         if best:
-            rows = tracking.leaderboard(experiment or _latest_experiment(), metric=metric, top=1, where=where or ())
-            if not rows:
-                raise NotFoundError("no finished trial " + (f"meeting {' and '.join(where)} " if where else "")
-                                  + "to export; run `nas sweep FILE` first" + (" or relax --where" if where else ""))
-            run_id = rows[0].run_id
+            experiment = experiment or _latest_experiment()
+            chosen = tracking.best_trial(experiment, metric=metric, where=where or (),
+                                         include_infeasible=include_infeasible)
+            run_id = chosen.run_id
         run = client.get_run(run_id)
     except NasError as e:
         _fail(str(e))
@@ -313,6 +356,14 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
     out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
+    if chosen is not None and chosen.feasible is not None:
+        bounds = tracking.describe_constraints(tracking.constraints_by_sweep(experiment, chosen.sweep_id))
+        if chosen.feasible:
+            out.print(f"the best trial by {metric} that meets its sweep's search.constraints {escape(bounds)}",
+                      highlight=False)
+        else:
+            err.print(f"[yellow]warning:[/yellow] run {run_id} breaks its sweep's search.constraints {escape(bounds)} "
+                      "(--include-infeasible)", highlight=False)
     if onnx:
         import pyarrow.parquet as pq
 

@@ -142,19 +142,23 @@ def test_starting_points_and_the_params_constraint_reach_optuna_and_mlflow(sweep
         assert [t.number for t in study.best_trials] == [narrowest.number]
         (parent,) = tracking.find_runs("e2e", role="sweep")
         assert tracking.sweep_constraints(parent) == (constraint,)
-        scan = tracking.pareto_scan("e2e", tracking.sweep_objectives(parent), keep_points=True,
-                                    constraints=tracking.sweep_constraints(parent))
-        assert [r.run_id for r in scan.front] == [runs[narrowest.number].info.run_id]
+        scan = tracking.pareto_scan("e2e", tracking.sweep_objectives(parent), keep_points=True)
+        assert [r.run_id for r in scan.front] == [runs[narrowest.number].info.run_id] and scan.infeasible == 1
     finally:
         del os.environ["MLFLOW_TRACKING_URI"]
 
 
 def test_leaderboard_ranks_trials_and_writes_files(sweep):
     work, env, _, _ = sweep
-    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json")], env, work)
+    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json"),
+                 "--include-infeasible"], env, work)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((work / "lb.json").read_text())
     assert len(rows) == 2 and rows[0]["bleu"] >= rows[1]["bleu"]
+    assert sorted(r["feasible"] for r in rows) == [False, True]  # the widest breaks the params_m budget
+    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json")], env, work)
+    assert proc.returncode == 0 and "feasible trials only" in proc.stdout, proc.stderr
+    assert [r["feasible"] for r in json.loads((work / "lb.json").read_text())] == [True]
     proc = _nas(["leaderboard", "--experiment", "e2e", "--metric", "latency_ms", "--top", "1"], env, work)
     assert proc.returncode == 0 and "latency" in proc.stdout
     proc = _nas(["leaderboard", "--experiment", "no-such-experiment"], env, work)
@@ -165,6 +169,7 @@ def test_export_best_then_translate_in_a_fresh_process(sweep, multi30k):
     work, env, _, _ = sweep
     proc = _nas(["export", "--best", "--experiment", "e2e", "--out", str(work / "exported")], env, work)
     assert proc.returncode == 0, proc.stderr
+    assert "meets its sweep's search.constraints" in proc.stdout  # the narrowest: the widest breaks the budget
     source = "\n".join(__import__("nas.data", fromlist=["read_lines"]).read_lines(
         multi30k / "test_2016_flickr.en.gz", limit=5)) + "\n"
     clean_env = {k: v for k, v in env.items() if k != "MLFLOW_TRACKING_URI"}

@@ -57,7 +57,8 @@ class SweepReport:
     scanned: int
     """FINISHED trial runs of the sweep."""
     best: list[LeaderboardRow]
-    """The best rows by the first objective, best first, with ``pareto`` flags."""
+    """The best rows by the first objective, best first, with ``pareto`` and ``feasible`` flags: feasible rows
+    only unless ``include_infeasible``."""
     front: list[LeaderboardRow]
     """Every row on the Pareto front, ordered by the second objective, best first."""
     png: bytes
@@ -68,6 +69,12 @@ class SweepReport:
     """Why ``importances`` is None."""
     study: str | None
     """Where the Optuna study was found (``name @ location``)."""
+    constraints: str = ""
+    """The sweep's ``search.constraints`` (``"latency_ms<=30"``; "" when it has none)."""
+    infeasible: int = 0
+    """FINISHED trials that break them (counted in ``scanned``)."""
+    include_infeasible: bool = False
+    """Whether ``best`` ranks infeasible trials too."""
 
 
 # --------------------------------------------------------------------------- Optuna study
@@ -164,12 +171,14 @@ def param_importances(study: optuna.Study, objective_names: Sequence[str] = ()) 
 
 
 def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10, storage: str | None = None,
-                 study_name: str | None = None) -> SweepReport:
+                 study_name: str | None = None, include_infeasible: bool = False) -> SweepReport:
     """Collect a sweep's report from MLflow and Optuna (see :class:`SweepReport`).
 
     The FINISHED trials are scanned once, page by page (:func:`nas.tracking.pareto_scan`) on the
-    sweep's objectives (:func:`nas.tracking.sweep_objectives`). Importances that cannot be
-    computed leave ``importances`` None and say why in ``importance_error``; the rest is built.
+    sweep's objectives (:func:`nas.tracking.sweep_objectives`). The best sub-Transformers and the Pareto front
+    hold the trials meeting the sweep's ``search.constraints`` (the best ones all trials with
+    ``include_infeasible``). Importances that cannot be computed leave ``importances`` None and say why in
+    ``importance_error``; the rest is built.
 
     Raises:
         LookupError: no such sweep (or experiment).
@@ -181,7 +190,7 @@ def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10,
     objectives = tracking.sweep_objectives(parent)
     constraints = tracking.sweep_constraints(parent)
     scan = tracking.pareto_scan(experiment, objectives, top=top, sweep_id=sweep_id, keep_points=True,
-                                constraints=constraints)
+                                include_infeasible=include_infeasible)
     png = pareto_png(scan.points, scan.front_flags(), objectives, feasible=scan.feasible,
                      title=f"sweep {sweep_id}: {len(scan.front)} of {scan.scanned} trials on the front")
     second = objectives[1]
@@ -202,7 +211,8 @@ def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10,
     return SweepReport(sweep_id=sweep_id, experiment=experiment, parent_run_id=parent.info.run_id,
                        status=parent.info.status, info=info, objectives=objectives, scanned=scan.scanned,
                        best=scan.rows, front=front, png=png, importances=importances, importance_error=error,
-                       study=where)
+                       study=where, constraints=", ".join(c.key for c in constraints), infeasible=scan.infeasible,
+                       include_infeasible=include_infeasible)
 
 
 def _num(v: float | None, digits: int = 2) -> str:
@@ -221,6 +231,27 @@ _COLUMNS = ("#", "run", "arch", "BLEU", "chrF", "latency (ms)", "params (M)", "f
 def _cells(i: int, r: LeaderboardRow) -> list[str]:
     return [str(i), r.run_id[:8], r.arch or "-", _num(r.bleu), _num(r.chrf), _num(r.latency_ms), _num(r.params_m),
             "*" if r.pareto else ""]
+
+
+def _best_table(rep: SweepReport) -> tuple[tuple[str, ...], list[list[str]]]:
+    """Header and rows of the best sub-Transformers: with infeasible trials included, a ``feasible`` column."""
+    rows = [_cells(i, r) for i, r in enumerate(rep.best, 1)]
+    if not (rep.include_infeasible and rep.constraints):
+        return _COLUMNS, rows
+    return (*_COLUMNS, "feasible"), [row + ["no" if r.feasible is False else "yes"] for row, r in zip(rows, rep.best)]
+
+
+def _best_caption(rep: SweepReport) -> str:
+    """What the best table ranks, and which trials it leaves out."""
+    metric = rep.objectives[0].metric
+    if not rep.constraints:
+        return f"{len(rep.best)} best of {rep.scanned} finished trials by {metric}"
+    if rep.include_infeasible:
+        return (f"{len(rep.best)} best of {rep.scanned} finished trials by {metric}, feasible or not "
+                f"({rep.infeasible} break {rep.constraints})")
+    return (f"{len(rep.best)} best of the {rep.scanned - rep.infeasible} feasible trials by {metric} (meeting "
+            f"{rep.constraints}; {rep.infeasible} of {rep.scanned} finished trials break them and are left out: "
+            f"nas report --include-infeasible lists them)")
 
 
 def _importance_rows(imp: dict[str, dict[str, float]]) -> tuple[list[str], list[list[str]]]:
@@ -266,10 +297,10 @@ thead th {{ background: #f2f2f2; }}
 <h1>{e(_title(rep))}</h1>
 <table>{facts}</table>
 <h2>Best sub-Transformers</h2>
-<p>{len(rep.best)} best of {rep.scanned} finished trials by {e(rep.objectives[0].metric)}; * marks the Pareto front.</p>
-{table(_COLUMNS, [_cells(i, r) for i, r in enumerate(rep.best, 1)])}
+<p>{e(_best_caption(rep))}; * marks the Pareto front.</p>
+{table(*_best_table(rep))}
 <h2>Pareto front</h2>
-<p>{len(rep.front)} non-dominated trials on {e(objectives)}.</p>
+<p>{len(rep.front)} non-dominated {"feasible " if rep.constraints else ""}trials on {e(objectives)}.</p>
 <img alt="Pareto front: {e(objectives)}" src="data:image/png;base64,{png}">
 {table(_COLUMNS, [_cells(i, r) for i, r in enumerate(rep.front, 1)])}
 <h2>Parameter importances</h2>
@@ -293,10 +324,10 @@ def render_markdown(rep: SweepReport, png_name: str) -> str:
     objectives = ", ".join(map(str, rep.objectives))
     parts = [f"# {_title(rep)}", "", table(["", ""], [[k, v] for k, v in facts.items()]), "",
              "## Best sub-Transformers", "",
-             f"{len(rep.best)} best of {rep.scanned} finished trials by {rep.objectives[0].metric}; "
-             "\\* marks the Pareto front.", "",
-             table(_COLUMNS, [_cells(i, r) for i, r in enumerate(rep.best, 1)]), "",
-             "## Pareto front", "", f"{len(rep.front)} non-dominated trials on {objectives}.", "",
+             f"{_best_caption(rep)}; \\* marks the Pareto front.", "",
+             table(*_best_table(rep)), "",
+             "## Pareto front", "",
+             f"{len(rep.front)} non-dominated {'feasible ' if rep.constraints else ''}trials on {objectives}.", "",
              f"![Pareto front: {objectives}]({png_name})", "",
              table(_COLUMNS, [_cells(i, r) for i, r in enumerate(rep.front, 1)]), "",
              "## Parameter importances", ""]

@@ -33,6 +33,7 @@ from nas.io import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
+from nas.space.constraints import violated
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
 
@@ -143,7 +144,7 @@ def feasibility(metrics: dict[str, float], spec: SweepSpec) -> dict[str, Any]:
     constraints = spec.search.parsed_constraints()
     if not constraints:
         return {}
-    failed = [c.key for c in constraints if not (c.metric in metrics and c.violation(metrics[c.metric]) <= 0)]
+    failed = [c.key for c in violated(constraints, metrics)]
     return {"feasible": 0.0 if failed else 1.0, **({"violated": "; ".join(failed)} if failed else {})}
 
 

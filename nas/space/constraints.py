@@ -20,10 +20,10 @@ import difflib
 import math
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = ["METRIC_NAMES", "CONSTRAINT_OPS", "WHERE_OPS", "Constraint", "parse_constraint", "split_comparison",
-           "parse_bound"]
+           "parse_bound", "violated"]
 
 METRIC_NAMES = ("bleu", "chrf", "valid_loss", "params_m", "latency_ms")
 """The metrics every scored trial reports (objectives and constraints name these). Units: BLEU and chrF in
@@ -114,3 +114,16 @@ def parse_constraint(expr: str) -> Constraint:
                          + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + f"; a trial reports {', '.join(METRIC_NAMES)}")
     return Constraint(metric, op, parse_bound(expr, text))
+
+
+def violated(constraints: Iterable[Constraint], metrics: Mapping[str, float | None]) -> list[Constraint]:
+    """The constraints that a trial's ``metrics`` (name -> value in the metric's units) break, in order; empty
+    when it is feasible. A metric that is missing, None or NaN breaks every constraint on it (Optuna is told
+    ``inf`` then: such a trial is never feasible). The one feasibility rule of the sweep (trial results), the
+    leaderboard, the Pareto front, ``nas export --best`` and ``nas report``."""
+    out = []
+    for c in constraints:
+        value = metrics.get(c.metric)
+        if value is None or math.isnan(value) or c.violation(value) > 0:
+            out.append(c)
+    return out

@@ -10,8 +10,9 @@ mlflow):
 - :mod:`nas.tracking.rows`: :class:`LeaderboardRow` and the row metrics (no mlflow).
 - :mod:`nas.tracking.pareto`: :class:`Objective`, :func:`parse_objectives`, :func:`pareto_mask` (no mlflow).
 - :mod:`nas.tracking.query`: :func:`leaderboard`, :func:`iter_leaderboard_rows`, :func:`parse_where`
-  (``--where``, the grammar of :mod:`nas.space.constraints`), :func:`pareto_scan`.
-- :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints.
+  (``--where``, the grammar of :mod:`nas.space.constraints`), :func:`pareto_scan`, :func:`best_trial`; rankings
+  keep the trials meeting their sweep's constraints unless asked to include the others.
+- :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints (:func:`constraints_by_sweep`).
 - :mod:`nas.tracking.writers`: :func:`leaderboard_table` (rich) and :func:`write_leaderboard` (CSV, JSON,
   Parquet; atomic, :mod:`nas.io`) (no mlflow).
 - :mod:`nas.tracking.plots`: the Pareto plot of a sweep (matplotlib, loaded when drawing): :func:`pareto_png`,
@@ -34,8 +35,9 @@ _MODULES = {
     "rows": ("LeaderboardRow",),
     "pareto": ("Objective", "DEFAULT_OBJECTIVES", "parse_objectives", "pareto_mask"),
     "query": ("LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
-              "pareto_scan"),
-    "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives"),
+              "pareto_scan", "best_trial"),
+    "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep",
+               "describe_constraints"),
     "writers": ("leaderboard_table", "write_leaderboard"),
 }
 """Submodule -> the public names it defines (the package's API)."""
@@ -44,8 +46,9 @@ _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "Objective", "PARAM_CONSTRAINTS",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_SWEEP_ID",
-    "TAG_TRIAL_ID", "end_run", "end_stale_runs", "ensure_experiment", "find_runs", "find_sweep_run",
-    "find_tagged_runs", "flatten", "get_client", "iter_leaderboard_rows", "leaderboard", "leaderboard_table",
+    "TAG_TRIAL_ID", "best_trial", "constraints_by_sweep", "describe_constraints", "end_run", "end_stale_runs",
+    "ensure_experiment", "find_runs", "find_sweep_run", "find_tagged_runs", "flatten", "get_client",
+    "iter_leaderboard_rows", "leaderboard", "leaderboard_table",
     "log_file_artifact", "log_json_artifact", "log_metrics", "log_new_params", "pareto_mask", "pareto_scan",
     "parse_objectives", "parse_where", "reopen_run", "start_run", "sweep_constraints", "sweep_objectives",
     "tracking_uri", "write_leaderboard"]
@@ -55,13 +58,14 @@ if TYPE_CHECKING:
                                      TAG_OBJECTIVES, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID,
                                      TAG_TRIAL_ID, tracking_uri)
     from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives, pareto_mask
-    from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, iter_leaderboard_rows, leaderboard,
-                                    pareto_scan, parse_where)
+    from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, best_trial, iter_leaderboard_rows,
+                                    leaderboard, pareto_scan, parse_where)
     from nas.tracking.rows import LeaderboardRow
     from nas.tracking.runs import (StageRuns, end_run, end_stale_runs, ensure_experiment, find_runs,
                                    find_tagged_runs, flatten, get_client, log_file_artifact, log_json_artifact,
                                    log_metrics, log_new_params, reopen_run, start_run)
-    from nas.tracking.sweeps import find_sweep_run, sweep_constraints, sweep_objectives
+    from nas.tracking.sweeps import (constraints_by_sweep, describe_constraints, find_sweep_run, sweep_constraints,
+                                     sweep_objectives)
     from nas.tracking.writers import leaderboard_table, write_leaderboard
 
 

@@ -109,7 +109,7 @@ def log_pareto_plot(experiment: str, sweep_id: str, parent_run_id: str) -> str |
     parent = tracking.get_client().get_run(parent_run_id)
     objectives = tracking.sweep_objectives(parent)
     constraints = tracking.sweep_constraints(parent)
-    scan = tracking.pareto_scan(experiment, objectives, sweep_id=sweep_id, keep_points=True, constraints=constraints)
+    scan = tracking.pareto_scan(experiment, objectives, sweep_id=sweep_id, keep_points=True)
     if not scan.scanned:
         return None
     feasible = f" ({sum(scan.feasible)} feasible: {', '.join(c.key for c in constraints)})" if constraints else ""

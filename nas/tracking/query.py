@@ -1,5 +1,10 @@
 """Leaderboard queries against MLflow: trial rows page by page, the ``--where`` filter, the top rows and the
-Pareto front of a sweep in one scan.
+Pareto front of a sweep in one scan, the best trial to export.
+
+Feasibility: each row is judged by the ``search.constraints`` its own sweep's parent run records
+(:func:`nas.tracking.sweeps.constraints_by_sweep`, :func:`nas.space.constraints.violated`). Unless asked to
+``include_infeasible``, rankings keep the trials that meet them (``feasible`` True, or None for a sweep without
+constraints), and the Pareto front always does (Optuna's ``study.best_trials`` rule).
 
 ``--where`` uses the comparison language of the YAML's ``search.constraints``
 (:func:`nas.space.constraints.split_comparison`) with ``==``/``!=`` added.
@@ -15,25 +20,31 @@ from dataclasses import dataclass
 import mlflow
 from mlflow.entities import ViewType
 
-from nas.errors import NasError
-from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison
+from nas.errors import NasError, NotFoundError
+from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison, violated
 from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
 from nas.tracking.rows import LOWER_IS_BETTER, ROW_METRICS, LeaderboardRow
 from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
+from nas.tracking.sweeps import constraints_by_sweep, describe_constraints
 
 __all__ = ["LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
-           "pareto_scan"]
+           "pareto_scan", "best_trial"]
 
 
-def _row(run: mlflow.entities.Run) -> LeaderboardRow:
+def _row(run: mlflow.entities.Run, constraints: dict[str, tuple[Constraint, ...]]) -> LeaderboardRow:
+    """The row of a trial run, ``feasible`` judged by the constraints of its sweep (``constraints``: sweep id ->
+    its ``search.constraints``)."""
     m, t = run.data.metrics, run.data.tags
+    sweep_id = t.get(TAG_SWEEP_ID)
+    bounds = constraints.get(sweep_id or "", ())
     return LeaderboardRow(
         run_id=run.info.run_id,
         arch=t.get(TAG_ARCH_SUMMARY, ""),
         **{k: m.get(k) for k in ROW_METRICS},
-        sweep_id=t.get(TAG_SWEEP_ID),
+        sweep_id=sweep_id,
         arch_id=t.get(TAG_ARCH_ID),
+        feasible=not violated(bounds, m) if bounds else None,
     )
 
 
@@ -83,6 +94,7 @@ def iter_leaderboard_rows(
     ascending: bool | None = None,
     page_size: int = PAGE_SIZE,
     limit: int | None = None,
+    include_infeasible: bool = False,
 ) -> Iterator[LeaderboardRow]:
     """Trial runs (``nas.role=trial``) of ``experiment`` as rows, fetched lazily page by page.
 
@@ -92,6 +104,8 @@ def iter_leaderboard_rows(
     ``sweep_id`` (tag ``nas.sweep_id``), ``status`` (one of :data:`LEADERBOARD_STATUSES`), and
     every ``where`` constraint (:func:`parse_where`). With ``metric`` the rows come best first
     (``ascending`` defaults to True for latency_ms/params_m/valid_loss); runs lacking it come last.
+    Each row's ``feasible`` is judged by its sweep's ``search.constraints``; rows with ``feasible`` False
+    are left out unless ``include_infeasible``. ``limit`` counts the rows yielded.
     Arguments are checked when the function is called, before the first row is asked for.
 
     Raises:
@@ -112,15 +126,18 @@ def iter_leaderboard_rows(
         order = [f"metrics.`{metric}` {'ASC' if asc else 'DESC'}"]
     client = get_client()
     exp_id = experiment_id(client, experiment)
+    constraints = constraints_by_sweep(experiment, sweep_id)
 
     def pages() -> Iterator[LeaderboardRow]:
-        token, fetched = None, 0
-        while limit is None or fetched < limit:
-            want = page_size if limit is None else min(page_size, limit - fetched)
+        token, kept = None, 0
+        while limit is None or kept < limit:
+            want = page_size if limit is None else min(page_size, limit - kept)
             page = client.search_runs([exp_id], filter_string, ViewType.ACTIVE_ONLY, min(want, _MAX_PAGE),
                                       order_by=order, page_token=token)
-            fetched += len(page)
-            yield from (_row(r) for r in page)
+            for row in (_row(r, constraints) for r in page):
+                if include_infeasible or row.feasible is not False:
+                    kept += 1
+                    yield row
             token = page.token
             if not token:
                 return
@@ -138,8 +155,10 @@ def leaderboard(
     status: str = "FINISHED",
     where: Sequence[str] = (),
     page_size: int = PAGE_SIZE,
+    include_infeasible: bool = False,
 ) -> list[LeaderboardRow]:
-    """The best ``top`` trial runs (``nas.role=trial``) of ``experiment`` with ``status``, best first.
+    """The best ``top`` trial runs (``nas.role=trial``) of ``experiment`` with ``status``, best first; only those
+    meeting their sweep's ``search.constraints`` unless ``include_infeasible`` (each row says in ``feasible``).
 
     Ordering, filtering and limiting happen in the tracking store (:func:`iter_leaderboard_rows`):
     no page is requested once ``top`` rows are found. ``ascending`` defaults to True for
@@ -158,7 +177,8 @@ def leaderboard(
     if top < 1:
         raise NasError(f"top must be >= 1, got {top}")
     rows = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
-                                 ascending=ascending, page_size=page_size, limit=top)
+                                 ascending=ascending, page_size=page_size, limit=top,
+                                 include_infeasible=include_infeasible)
     return list(itertools.islice(rows, top))
 
 
@@ -167,7 +187,8 @@ class ParetoScan:
     """What :func:`pareto_scan` found. Rows carry ``pareto`` flags."""
 
     rows: list[LeaderboardRow]
-    """The best ``top`` rows by the ranking metric, best first."""
+    """The best ``top`` rows by the ranking metric, best first (feasible ones only unless the scan included
+    infeasible ones)."""
     front: list[LeaderboardRow]
     """Every non-dominated row, best first by the first objective."""
     scanned: int
@@ -176,7 +197,9 @@ class ParetoScan:
     """``[scanned][k]`` objective values of every matched run (only with ``keep_points``)."""
     objectives: tuple[Objective, ...]
     feasible: list[bool] = dataclasses.field(default_factory=list)
-    """``[scanned]``: whether each kept point satisfies the scan's constraints (only with ``keep_points``)."""
+    """``[scanned]``: whether each kept point meets its sweep's constraints (only with ``keep_points``)."""
+    infeasible: int = 0
+    """Runs that matched the filters but break their sweep's constraints (counted in ``scanned``)."""
 
     def front_flags(self) -> list[bool]:
         """``[scanned]``: whether each kept point is on the front of the feasible points."""
@@ -197,7 +220,7 @@ def pareto_scan(
     where: Sequence[str] = (),
     page_size: int = PAGE_SIZE,
     keep_points: bool = False,
-    constraints: Sequence[Constraint] = (),
+    include_infeasible: bool = False,
 ) -> ParetoScan:
     """Page through every matching trial run once, keeping only the best ``top`` rows (ranked by
     ``metric``, default the first objective's metric in its goal's order), the Pareto front so far
@@ -205,9 +228,9 @@ def pareto_scan(
 
     The front is updated one page at a time as front(front + page) with :func:`pareto_mask`, so
     memory holds one page, the front and the top rows, whatever the number of runs.
-    Filters as in :func:`iter_leaderboard_rows`. With ``constraints`` (a sweep's ``search.constraints``, see
-    :func:`sweep_constraints`) only the rows satisfying all of them can be on the front (Optuna's
-    ``study.best_trials`` rule); the others stay in ``rows`` and ``points``.
+    Filters as in :func:`iter_leaderboard_rows`. Only rows meeting their sweep's ``search.constraints``
+    (:func:`nas.tracking.sweeps.constraints_by_sweep`) can be on the front (Optuna's ``study.best_trials`` rule)
+    or among ``rows``, unless ``include_infeasible`` (then ``rows`` ranks every row); ``points`` keeps them all.
 
     Raises:
         ValueError: no objectives, a repeated or unknown metric, ``top`` < 1, or a bad filter.
@@ -229,20 +252,21 @@ def pareto_scan(
         return tuple(getattr(row, o.metric) for o in objectives)
 
     rows = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
-                                 ascending=ascending, page_size=page_size)
+                                 ascending=ascending, page_size=page_size, include_infeasible=True)
     best: list[LeaderboardRow] = []
     front: list[LeaderboardRow] = []
     points: list[tuple[float | None, ...]] = []
     feasible: list[bool] = []
-    scanned = 0
+    scanned = infeasible = 0
 
     def ok(row: LeaderboardRow) -> bool:
-        return all(getattr(row, c.metric) is not None and c.violation(getattr(row, c.metric)) <= 0 for c in constraints)
+        return row.feasible is not False
 
     for page in _chunks(rows, page_size):
         scanned += len(page)
+        infeasible += sum(not ok(r) for r in page)
         if len(best) < top:
-            best.extend(page[: top - len(best)])
+            best.extend([r for r in page if include_infeasible or ok(r)][: top - len(best)])
         if keep_points:
             points.extend(values(r) for r in page)
             feasible.extend(ok(r) for r in page)
@@ -253,7 +277,44 @@ def pareto_scan(
     front.sort(key=lambda r: -getattr(r, first.metric) if first.maximize else getattr(r, first.metric))
     flag = lambda r: dataclasses.replace(r, pareto=r.run_id in on_front)  # noqa: E731
     return ParetoScan(rows=[flag(r) for r in best], front=[flag(r) for r in front], scanned=scanned,
-                      points=points, objectives=objectives, feasible=feasible)
+                      points=points, objectives=objectives, feasible=feasible, infeasible=infeasible)
+
+
+def best_trial(
+    experiment: str,
+    *,
+    metric: str = "bleu",
+    where: Sequence[str] = (),
+    include_infeasible: bool = False,
+    page_size: int = PAGE_SIZE,
+) -> LeaderboardRow:
+    """The best FINISHED trial of ``experiment`` by ``metric`` (in its goal's order, as :func:`leaderboard`) that
+    meets every ``where`` filter and, unless ``include_infeasible``, its sweep's ``search.constraints``: what
+    ``nas export --best`` exports. Rows are read best first, page by page, until one qualifies.
+
+    Raises:
+        NotFoundError: no finished trial (meeting ``where``); the message says how to get one.
+        NasError: finished trials exist but none meets its sweep's constraints; the message names the
+            constraints, the number of trials and ``--include-infeasible``. Also an unknown metric or a bad
+            ``where`` expression.
+        LookupError: no active experiment named ``experiment``.
+    """
+    rows = iter_leaderboard_rows(experiment, where=where, metric=metric, page_size=page_size,
+                                 include_infeasible=True)
+    seen: set[str] = set()
+    count = 0
+    for row in rows:
+        if include_infeasible or row.feasible is not False:
+            return row
+        count += 1
+        seen.add(row.sweep_id or "")
+    meeting = f"meeting {' and '.join(where)} " if where else ""
+    if not count:
+        raise NotFoundError(f"no finished trial {meeting}in experiment {experiment!r} to export; run "
+                            f"`nas sweep FILE` first" + (" or relax --where" if where else ""))
+    bounds = describe_constraints({k: v for k, v in constraints_by_sweep(experiment).items() if k in seen})
+    raise NasError(f"none of the {count} finished trials {meeting}in experiment {experiment!r} meets its sweep's "
+                   f"search.constraints ({bounds}); pass --include-infeasible to export the best of them anyway")
 
 
 def _chunks(items: Iterator[LeaderboardRow], size: int) -> Iterator[list[LeaderboardRow]]:

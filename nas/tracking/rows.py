@@ -28,3 +28,6 @@ class LeaderboardRow:
     arch_id: str | None
     pareto: bool | None = None
     """On the Pareto front of the trials scanned (:func:`pareto_scan`); ``None`` where not computed."""
+    feasible: bool | None = None
+    """Meets the ``search.constraints`` of its sweep (read from the sweep's parent run,
+    :func:`nas.space.constraints.violated`); ``None`` where its sweep records no constraints."""

@@ -13,9 +13,9 @@ from nas.space.constraints import Constraint, parse_constraint
 from nas.tracking.layout import PARAM_CONSTRAINTS, TAG_OBJECTIVES, TAG_ROLE, TAG_SWEEP_ID, tracking_uri
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives
 from nas.tracking.rows import ROW_METRICS
-from nas.tracking.runs import experiment_id, get_client, tag_filter
+from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
 
-__all__ = ["find_sweep_run", "sweep_constraints", "sweep_objectives"]
+__all__ = ["find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep", "describe_constraints"]
 
 
 def find_sweep_run(sweep_id: str, experiment: str | None = None) -> mlflow.entities.Run:
@@ -48,6 +48,40 @@ def sweep_constraints(run: mlflow.entities.Run) -> tuple[Constraint, ...]:
     """
     text = run.data.params.get(PARAM_CONSTRAINTS, "")
     return tuple(parse_constraint(c) for c in text.split(";") if c.strip())
+
+
+def constraints_by_sweep(experiment: str, sweep_id: str | None = None) -> dict[str, tuple[Constraint, ...]]:
+    """Sweep id -> the ``search.constraints`` its parent run records (:func:`sweep_constraints`; ``()`` when it
+    has none), for every sweep parent run of ``experiment``, or only ``sweep_id``'s. A sweep without a parent run
+    in ``experiment`` is absent. One query, paged (an experiment holds few sweeps).
+
+    Raises:
+        LookupError: no active experiment named ``experiment``.
+        ValueError: a parent run's constraints do not parse.
+    """
+    client = get_client()
+    exp_ids = [experiment_id(client, experiment)]
+    clauses = " AND ".join(tag_filter(**{TAG_ROLE: "sweep", TAG_SWEEP_ID: sweep_id}))
+    found: dict[str, tuple[Constraint, ...]] = {}
+    token = None
+    while True:
+        page = client.search_runs(exp_ids, clauses, ViewType.ACTIVE_ONLY, PAGE_SIZE,
+                                  order_by=["attributes.start_time DESC"], page_token=token)
+        for run in page:  # newest first, as find_sweep_run picks
+            found.setdefault(run.data.tags.get(TAG_SWEEP_ID, ""), sweep_constraints(run))
+        token = page.token
+        if not token:
+            return {k: v for k, v in found.items() if k}
+
+
+def describe_constraints(by_sweep: dict[str, tuple[Constraint, ...]]) -> str:
+    """``"latency_ms<=30 (sweep A); params_m<=2 (sweeps B, C)"``: the constraints of :func:`constraints_by_sweep`,
+    grouped by sweeps that share them; sweeps without constraints are left out ("" when none has any)."""
+    groups: dict[str, list[str]] = {}
+    for sweep, constraints in sorted(by_sweep.items()):
+        if constraints:
+            groups.setdefault(", ".join(c.key for c in constraints), []).append(sweep)
+    return "; ".join(f"{keys} (sweep{'s' if len(ids) > 1 else ''} {', '.join(ids)})" for keys, ids in groups.items())
 
 
 def sweep_objectives(run: mlflow.entities.Run) -> tuple[Objective, ...]:

@@ -32,8 +32,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     """A :class:`rich.table.Table` with columns rank, run id (first 8 chars), arch, BLEU, chrF,
-    params (M), latency (ms); missing metrics shown as ``-``. When any row has a ``pareto`` flag,
-    a last column ``front`` marks the non-dominated rows with ``*``."""
+    params (M), latency (ms); missing metrics shown as ``-``. When any row has a ``feasible`` verdict, a
+    column ``feasible`` says ``yes``/``no`` (``-``: its sweep has no constraints); when any row has a
+    ``pareto`` flag, a last column ``front`` marks the non-dominated rows with ``*``."""
     from rich.table import Table
 
     table = Table(title=title or None)
@@ -42,12 +43,17 @@ def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     table.add_column("arch", overflow="fold")
     for name in ("BLEU", "chrF", "params (M)", "latency (ms)"):
         table.add_column(name, justify="right")
+    judged = any(r.feasible is not None for r in rows)
+    if judged:
+        table.add_column("feasible", justify="center")
     marked = any(r.pareto is not None for r in rows)
     if marked:
         table.add_column("front", justify="center")
     for i, r in enumerate(rows, 1):
         cells = [str(i), r.run_id[:8], r.arch,
                  _fmt(r.bleu), _fmt(r.chrf), _fmt(r.params_m), _fmt(r.latency_ms)]
+        if judged:
+            cells.append("-" if r.feasible is None else "yes" if r.feasible else "no")
         table.add_row(*cells, *(["*" if r.pareto else ""] if marked else []))
     return table
 
@@ -73,7 +79,7 @@ def write_leaderboard(rows: list[LeaderboardRow], fmt: str, out: str | Path) -> 
             import pyarrow.parquet as pq
 
             types = {"run_id": pa.string(), "arch": pa.string(), "sweep_id": pa.string(),
-                     "arch_id": pa.string(), "pareto": pa.bool_()}
+                     "arch_id": pa.string(), "pareto": pa.bool_(), "feasible": pa.bool_()}
             schema = pa.schema([(n, types.get(n, pa.float64())) for n in names])
             pq.write_table(pa.Table.from_pylist(records, schema=schema), str(tmp))
         else:

@@ -151,3 +151,34 @@ def test_report_of_an_unknown_sweep_or_format_fails_with_exit_code_2(sweep, tmp_
     result = CliRunner().invoke(app, ["report", "R1", "--format", "pdf"])
     assert result.exit_code == 2 and "--format 'pdf': expected one of html, md" in result.stderr
     assert list(tmp_path.glob("*.html")) == []
+
+
+def _feasible_best(bound: float, top: int) -> list[int]:
+    """Trial numbers of the ``top`` best designed trials by BLEU with latency_ms <= ``bound``."""
+    rows = list(enumerate(_designed_trials()))
+    return [i for i, r in sorted(rows, key=lambda ir: -ir[1][2]) if r[3] <= bound][:top]
+
+
+def test_best_sub_transformers_meet_the_sweep_s_constraints_unless_infeasible_ones_are_included(sweep, tmp_path):
+    parent, _ = sweep
+    tracking.get_client().log_param(parent, tracking.PARAM_CONSTRAINTS, "latency_ms<=25")  # as `nas sweep` logs it
+    infeasible = sum(r[3] > 25 for r in _designed_trials())
+    out = tmp_path / "r1.md"
+    result = CliRunner().invoke(app, ["report", "R1", "--format", "md", "--out", str(out), "--top", "3"])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    best = text.split("## Best sub-Transformers")[1].split("## ")[0]
+    assert re.findall(r"\| w\d+ L\d #(\d+) \|", best) == [str(i) for i in _feasible_best(25, 3)]
+    assert "#1 |" not in best  # BLEU 29 at 26 ms: second best, but over the budget
+    assert (f"3 best of the {20 - infeasible} feasible trials by bleu (meeting latency_ms<=25; {infeasible} of 20 "
+            "finished trials break them and are left out: nas report --include-infeasible lists them)") in best
+    assert f"search.constraints latency_ms<=25: {infeasible} trials break them" in " ".join(result.stdout.split())
+    front = text.split("## Pareto front")[1].split("## ")[0]
+    assert "non-dominated feasible trials" in front and "#1 |" not in front
+
+    result = CliRunner().invoke(app, ["report", "R1", "--out", str(tmp_path / "r1.html"), "--top", "3",
+                                      "--include-infeasible"])
+    assert result.exit_code == 0, result.output
+    best = (tmp_path / "r1.html").read_text().split("<h2>Best sub-Transformers</h2>")[1].split("<h2>")[0]
+    assert re.findall(r"<td>w\d+ L\d #(\d+)</td>", best) == ["0", "1", "19"]
+    assert "<th>feasible</th>" in best and re.findall(r"<td>(yes|no)</td></tr>", best) == ["yes", "no", "no"]

@@ -93,12 +93,14 @@ def test_where_constraints_filter_in_the_store_and_bad_ones_are_named(populated)
 
 @pytest.fixture
 def search_calls(monkeypatch):
-    """Counts the real MlflowClient.search_runs calls and the max_results each asked for."""
+    """Counts the real MlflowClient.search_runs calls for trial runs and the max_results each asked for (the one
+    query for the sweeps' parent runs, whose constraints judge the trials, is not counted)."""
     calls = []
     original = MlflowClient.search_runs
 
     def counting(self, *args, **kwargs):
-        calls.append(args[3] if len(args) > 3 else kwargs.get("max_results"))
+        if "'trial'" in (args[1] if len(args) > 1 else kwargs.get("filter_string", "")):
+            calls.append(args[3] if len(args) > 3 else kwargs.get("max_results"))
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(MlflowClient, "search_runs", counting)
@@ -236,3 +238,97 @@ def test_pareto_png_draws_front_and_rest_in_different_colours():
     assert (153, 153, 153) in colours  # grey "0.6" for the dominated trial
     with pytest.raises(ValueError, match="exactly two objectives"):
         pareto_png([(1, 2, 3)], [True], [Objective("bleu", True)] * 3)
+
+
+@pytest.fixture
+def constrained(mlflow_uri):
+    """Sweep C under ``latency_ms<=30`` (recorded on its parent run as `nas sweep` does): the two best trials by
+    BLEU break it (50 ms; no latency at all), three meet it (one exactly at the bound); sweep U has no
+    constraints."""
+    from tests.tracking.test_tracking import _trial
+
+    c = tracking.start_run(EXP, "sweep-c", role="sweep", tags={"nas.sweep_id": "C"},
+                           params={tracking.PARAM_CONSTRAINTS: "latency_ms<=30"})
+    u = tracking.start_run(EXP, "sweep-u", role="sweep", tags={"nas.sweep_id": "U"})
+    ids = {
+        "slow": _trial(c, "slow", bleu=30.0, latency_ms=50.0, params_m=3.0),
+        "unmeasured": _trial(c, "unmeasured", bleu=28.0, params_m=3.0),
+        "u1": _trial(u, "u1", bleu=27.0, latency_ms=60.0, params_m=3.0),
+        "ok": _trial(c, "ok", bleu=25.0, latency_ms=20.0, params_m=2.0),
+        "edge": _trial(c, "edge", bleu=24.0, latency_ms=30.0, params_m=2.0),
+        "fast": _trial(c, "fast", bleu=22.0, latency_ms=10.0, params_m=1.0),
+    }
+    for sweep in (c, u):
+        tracking.end_run(sweep)
+    return ids
+
+
+def test_rankings_keep_the_trials_meeting_their_sweep_s_constraints_unless_asked(constrained):
+    names = {v: k for k, v in constrained.items()}
+    rows = tracking.leaderboard(EXP, top=10)
+    assert [names[r.run_id] for r in rows] == ["u1", "ok", "edge", "fast"]  # u1: its sweep has no constraints
+    assert [r.feasible for r in rows] == [None, True, True, True]
+    rows = tracking.leaderboard(EXP, top=10, include_infeasible=True)
+    assert [(names[r.run_id], r.feasible) for r in rows] == [
+        ("slow", False), ("unmeasured", False), ("u1", None), ("ok", True), ("edge", True), ("fast", True)]
+    # the top stays full when infeasible trials lead: paging goes on past them
+    assert [names[r.run_id] for r in tracking.leaderboard(EXP, sweep_id="C", top=2, page_size=1)] == ["ok", "edge"]
+    scan = tracking.pareto_scan(EXP, DEFAULT_OBJECTIVES, sweep_id="C", top=10, page_size=2)
+    assert [names[r.run_id] for r in scan.rows] == ["ok", "edge", "fast"] and scan.scanned == 5
+    assert {names[r.run_id] for r in scan.front} == {"ok", "fast"} and scan.infeasible == 2
+    scan = tracking.pareto_scan(EXP, DEFAULT_OBJECTIVES, sweep_id="C", top=10, include_infeasible=True)
+    assert [names[r.run_id] for r in scan.rows] == ["slow", "unmeasured", "ok", "edge", "fast"]
+    assert {names[r.run_id] for r in scan.front} == {"ok", "fast"}  # the front: feasible trials only, always
+    from nas.space.constraints import parse_constraint
+
+    assert tracking.constraints_by_sweep(EXP) == {"C": (parse_constraint("latency_ms<=30"),), "U": ()}
+    assert tracking.describe_constraints(tracking.constraints_by_sweep(EXP)) == "latency_ms<=30 (sweep C)"
+
+
+def test_best_trial_is_the_best_feasible_one_and_none_feasible_names_the_constraints(constrained):
+    from nas.errors import NasError, NotFoundError
+
+    assert tracking.best_trial(EXP, metric="bleu").run_id == constrained["u1"]
+    assert tracking.best_trial(EXP, where=["params_m<=2"]).run_id == constrained["ok"]
+    assert tracking.best_trial(EXP, where=["params_m<=2"], metric="latency_ms").run_id == constrained["fast"]
+    assert tracking.best_trial(EXP, include_infeasible=True).run_id == constrained["slow"]
+    with pytest.raises(NasError, match=r"none of the 2 finished trials meeting params_m>=3 and bleu>=28 in experiment 'nas-test' "
+                                       r"meets its sweep's search.constraints \(latency_ms<=30 \(sweep C\)\); pass "
+                                       r"--include-infeasible"):
+        tracking.best_trial(EXP, where=["params_m>=3", "bleu>=28"])
+    with pytest.raises(NotFoundError, match="no finished trial meeting bleu>=99"):
+        tracking.best_trial(EXP, where=["bleu>=99"])
+    other = tracking.start_run("other", "sweep-d", role="sweep", tags={"nas.sweep_id": "D"},
+                               params={tracking.PARAM_CONSTRAINTS: "params_m<=1; latency_ms<20"})
+    tracking.end_run(other)
+    with pytest.raises(NotFoundError, match="no finished trial in experiment 'other'"):
+        tracking.best_trial("other")
+
+
+def test_cli_leaderboard_shows_feasibility_and_says_which_constraints_it_applied(constrained, tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--sweep", "C"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "rank" in line)
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.count("│") > 7]
+    assert header.split()[-2:] == ["feasible", "┃"] and [(r[2], r[-1]) for r in rows] == [
+        ("arch-ok", "yes"), ("arch-edge", "yes"), ("arch-fast", "yes")]
+    text = " ".join(result.stdout.split())
+    assert ("feasible trials only, under search.constraints latency_ms<=30 (sweep C); --include-infeasible shows the "
+            "others too") in text
+
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--include-infeasible", "--format", "json",
+                                 "--out", str(tmp_path / "lb.json")])
+    assert result.exit_code == 0, result.output
+    import json
+
+    rows = json.loads((tmp_path / "lb.json").read_text())
+    assert [(r["arch"], r["feasible"]) for r in rows] == [
+        ("arch-slow", False), ("arch-unmeasured", False), ("arch-u1", None), ("arch-ok", True), ("arch-edge", True),
+        ("arch-fast", True)]
+    assert "all trials, feasible or not" in " ".join(result.stdout.split())
+
+    result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--sweep", "C", "--pareto", "--top", "1"])
+    assert result.exit_code == 0, result.output
+    assert "arch-ok" in result.stdout and "arch-slow" not in result.stdout and "2 of 5 matching" in result.stdout
