@@ -4,6 +4,10 @@ Both run inside Ray worker processes and report through ``ray.tune.report``; MLf
 are written by the driver (:mod:`nas.search.callbacks`, :mod:`nas.search.searcher`), so there is
 one writer per database.
 
+Trials scoring side by side on one node share the node's measurement lock
+(:class:`nas.eval.measure_lock.MeasureLock`): loading the supernet, decoding and the loss hold it shared, the
+latency measurement holds it alone, so no trial times itself while another computes.
+
 A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.json`` (atomically)
 before reporting it: a trial that Ray runs again after the driver was killed reports that file
 instead of scoring the arch again.

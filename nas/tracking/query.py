@@ -160,8 +160,8 @@ def leaderboard(
     """The best ``top`` trial runs (``nas.role=trial``) of ``experiment`` with ``status``, best first; only those
     meeting their sweep's ``search.constraints`` unless ``include_infeasible`` (each row says in ``feasible``).
 
-    Ordering, filtering and limiting happen in the tracking store (:func:`iter_leaderboard_rows`):
-    no page is requested once ``top`` rows are found. ``ascending`` defaults to True for
+    Ordering, filtering and limiting happen in the tracking store (:func:`iter_leaderboard_rows`; the
+    feasibility filter page by page as rows arrive): no page is requested once ``top`` rows are found. ``ascending`` defaults to True for
     latency_ms/params_m/valid_loss and False otherwise; runs lacking the metric (or with NaN) come
     last. ``sweep_id`` restricts to trials tagged with that ``nas.sweep_id``; ``status`` is an MLflow
     run status or ``all``; ``where`` holds constraints such as ``"latency_ms<=40"``, all of which
