@@ -49,12 +49,13 @@ class _UnifiedLayer(nn.Module):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int, more_features: bool, layout: str, kernel_sizes: tuple[int, ...], max_units: int,
-                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool) -> None:
+                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool, head_dim: int | None = None) -> None:
         super().__init__()
         self.layouts = tuple(layout.split("+"))
         self.unit_bias_rate = unit_bias_rate
         for name in sublayers:
-            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units))
+            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units,
+                                                       head_dim))
         self.ffn = ElasticFFN(model_dim, max_ffn_width, max_paths, max_units)
         if "sequential" in self.layouts:
             for name in (*sublayers, "ffn"):
@@ -143,9 +144,10 @@ class EncoderLayer(_UnifiedLayer):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
-                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
+                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
+                 head_dim: int | None = None) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
-                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False)
+                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False, head_dim=head_dim)
 
     def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 reg: Regularization | None = None) -> torch.Tensor:
@@ -194,9 +196,11 @@ class DecoderLayer(_UnifiedLayer):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
-                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
+                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
+                 head_dim: int | None = None) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
-                         kernel_sizes, max_units, unit_bias_rate, ("self_attn", "cross_attn"), causal=True)
+                         kernel_sizes, max_units, unit_bias_rate, ("self_attn", "cross_attn"), causal=True,
+                         head_dim=head_dim)
 
     def cross_kv(self, memory: torch.Tensor, dims: LayerArch) -> tuple[torch.Tensor, torch.Tensor]:
         """The cross-attention keys and values of ``memory [b, s, C]`` for ``dims``: each ``[G, b, B*h, s, dh]``

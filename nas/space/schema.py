@@ -62,7 +62,16 @@ class SupernetSpec(_Strict):
     """C: the widest model width (channels); every sub-Transformer's unless ``space.model_width`` chooses
     a narrower one (type-1 Scalable Transformers, sec. 3.2)."""
     heads: int = Field(4, ge=1)
-    """Attention heads per branch; every attention width must be divisible by it."""
+    """Attention heads per branch of the widest attention (``model_dim``); sets the default ``head_dim``."""
+    head_dim: int | None = Field(None, ge=1)
+    """The fixed width of one attention head (channels); default ``model_dim / heads``. An attention width
+    D has ``D / head_dim`` heads per branch, the widest's leading heads (Scalable Transformers sec. 4.1:
+    "attention head dimension is fixed to 64"); every width must be divisible by it."""
+
+    @property
+    def head_width(self) -> int:
+        """``head_dim``, or ``model_dim / heads`` when it is not set."""
+        return self.head_dim or self.model_dim // self.heads
     encoder_layers: int = Field(..., ge=1)
     decoder_layers: int = Field(..., ge=1)
     ffn_width: int | None = Field(None, ge=1)
@@ -500,8 +509,9 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _check_space(self) -> "SweepSpec":
         sn, sp = self.supernet, self.space
-        if sn.model_dim % sn.heads:
-            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}")
+        if sn.head_dim is None and sn.model_dim % sn.heads:
+            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}; "
+                             f"change one, or set supernet.head_dim")
         if sn.ffn_width is None and sp.ffn_width is None:
             raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
         for k in sn.kernels:
@@ -522,7 +532,7 @@ class SweepSpec(_Strict):
             if dim is None:
                 continue
             if dim.tie is not None:
-                _check_tie(key, dim, sp, *limits.get(key, (None, None)), heads=sn.heads)
+                _check_tie(key, dim, sp, *limits.get(key, (None, None)), head_dim=sn.head_width)
                 continue
             values = [tuple(v) if isinstance(v, list) else v for v in dim.values]
             if len(set(values)) != len(values):
@@ -536,7 +546,7 @@ class SweepSpec(_Strict):
             elif key == "kernels":
                 _check_kernels(dim.values, sn.kernels, sp.layout)
             else:
-                _check_ints(key, dim.values, *limits[key], heads=sn.heads)
+                _check_ints(key, dim.values, *limits[key], head_dim=sn.head_width)
             if dim.when is not None:
                 _check_when(key, dim, sp)
         _check_prime_conditions(sp)
@@ -550,7 +560,7 @@ class SweepSpec(_Strict):
 
 
 
-def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads: int) -> None:
+def _check_ints(key: str, values: list, limit_key: str, limit: int | None, head_dim: int) -> None:
     for v in values:
         if not isinstance(v, int):
             raise ValueError(f"space.{key}.values contains {v!r}; this dimension takes integers")
@@ -559,12 +569,13 @@ def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads
         if limit is not None and v > limit:
             raise ValueError(f"space.{key}.values contains {v}, above {limit_key}={limit}; "
                              f"lower the value or raise {limit_key}")
-        if key == "width" and v % heads:
-            raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={heads}")
+        if key == "width" and v % head_dim:
+            raise ValueError(f"space.width.values contains {v}, not divisible by the head width {head_dim} "
+                             f"(supernet.head_dim, default model_dim / heads); use multiples of {head_dim}")
 
 
 def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | None, limit: int | None,
-               heads: int) -> None:
+               head_dim: int) -> None:
     if key not in ("width", "ffn_width"):
         raise ValueError(f"space.{key}.tie: only width and ffn_width can be tied to the model width")
     if sp.model_width is None or sp.model_width.values is None:
@@ -576,8 +587,9 @@ def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | Non
         if isinstance(v, int) and limit is not None and v > limit:
             raise ValueError(f"space.{key}: model_width {c} x scale {dim.scale} = {v} is above {limit_key}={limit}; "
                              f"lower the scale or raise {limit_key}")
-        if key == "width" and isinstance(v, int) and v % heads:
-            raise ValueError(f"space.width: tied to model_width {c}, {v} is not divisible by supernet.heads={heads}")
+        if key == "width" and isinstance(v, int) and v % head_dim:
+            raise ValueError(f"space.width: tied to model_width {c}, {v} is not divisible by the head width "
+                             f"{head_dim} (supernet.head_dim, default model_dim / heads)")
 
 
 def _check_names(key: str, values: list, allowed: tuple[str, ...]) -> None:
