@@ -235,8 +235,9 @@ class TrainSpec(_Strict):
     warmup_steps: int = Field(400, ge=1)
     sandwich_k: int = Field(1, ge=0)
     """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
-    drop_branch: float = Field(0.1, ge=0.0, lt=1.0)
-    """MAT drop-branch rate rho (eq. 5-7), training only."""
+    drop_branch: float | None = Field(None, ge=0.0, lt=1.0)
+    """MAT drop-branch rate rho (eq. 5-7), training only; on the branches and the FFN. Default: 0.1 in a
+    space with branches (``SweepSpec.drop_branch``), else 0: without branches there is nothing to drop."""
     drop_branch_warmup: int = Field(0, ge=0)
     """Drop-branch schedule: rho rises linearly from 0 to ``drop_branch`` over these first steps (as
     drop-path schedules do), then stays; 0 (default): MAT's fixed rho from the first step."""
@@ -258,8 +259,9 @@ class TrainSpec(_Strict):
     seed: int = 0
     proximal_init: Path | None = None
     """MAT proximal initialization (sec. 3.3): a single-branch ``*.safetensors`` whose branch 0 starts every branch."""
-    unit_bias_rate: float = Field(0.5, ge=0.0, le=1.0)
-    """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2)."""
+    unit_bias_rate: float = Field(0.85, ge=0.0, le=1.0)
+    """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2;
+    the paper's 0.85)."""
     autoshuffle_penalty: float = Field(0.01, ge=0.0)
     """MUTE lambda (eq. 20): weight of the AutoShuffle permutation penalty (eq. 19) in the loss."""
     eval_beam_size: int = Field(4, ge=1)
@@ -500,6 +502,21 @@ class SweepSpec(_Strict):
         return self.workdir / self.name
 
     @property
+    def max_branches(self) -> int:
+        """The most attention branches any sub-Transformer of the space has (1: no MAT branches)."""
+        if self.supernet.branches is not None:
+            return self.supernet.branches
+        dim = self.space.branches
+        return max((v for v in (dim.values or []) if isinstance(v, int)), default=1) if dim is not None else 1
+
+    @property
+    def drop_branch(self) -> float:
+        """The drop-branch rate rho in use: ``train.drop_branch``, default 0.1 with branches, else 0."""
+        if self.train.drop_branch is not None:
+            return self.train.drop_branch
+        return 0.1 if self.max_branches > 1 else 0.0
+
+    @property
     def io_projection(self) -> bool:
         """Whether the supernet has the eq. 3 input/output projections (Scalable Transformers)."""
         if self.supernet.io_projection is not None:
@@ -512,6 +529,10 @@ class SweepSpec(_Strict):
         if sn.head_dim is None and sn.model_dim % sn.heads:
             raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}; "
                              f"change one, or set supernet.head_dim")
+        if self.train.drop_branch and self.max_branches == 1:
+            raise ValueError(f"train.drop_branch={self.train.drop_branch}, but the space has no branches (MAT "
+                             f"drop-branch drops attention branches and the FFN): remove train.drop_branch, or "
+                             f"add space.branches with values above 1")
         if sn.ffn_width is None and sp.ffn_width is None:
             raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
         for k in sn.kernels:
