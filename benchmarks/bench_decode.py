@@ -124,7 +124,7 @@ def main() -> None:
     sn = spec.supernet
     if len(set(one_branch.encoder.ffn_width + one_branch.decoder.ffn_width)) != 1:
         raise SystemExit("the nn.Transformer reference needs one FFN width in every layer")
-    ref = TorchReference(data.vocab_size, sn.model_dim, sn.heads, one_branch.encoder.layers,
+    ref = TorchReference(data.vocab_size, sn.model_dim, sn.model_dim // sn.head_width, one_branch.encoder.layers,
                          one_branch.decoder.layers, one_branch.encoder.ffn_width[0]).eval()
     src_ids, _ = data.load_split("valid")
     runs = {
@@ -133,7 +133,7 @@ def main() -> None:
         "torch.nn.Transformer, recompute the prefix": lambda s: ref.greedy(s, args.tokens),
     }
     print(f"greedy, {args.tokens} output tokens, {args.threads} thread(s), extracted {spec.name} model: "
-          f"C={sn.model_dim}, {sn.heads} heads, {one_branch.encoder.layers}+{one_branch.decoder.layers} layers, "
+          f"C={sn.model_dim}, {sn.model_dim // sn.head_width} heads of {sn.head_width}, {one_branch.encoder.layers}+{one_branch.decoder.layers} layers, "
           f"FFN {one_branch.encoder.ffn_width[0]}, vocabulary {data.vocab_size}; {args.sentences} validation "
           f"sentences, median of {args.rounds} interleaved rounds")
     print(f"{'batch':>5}  {'decoder':<44}{'ms/sentence':>12}{'x ours cached':>15}")

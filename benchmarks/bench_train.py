@@ -93,7 +93,7 @@ def main() -> None:
     widest = space.widest()
     if len(set(widest.encoder.ffn_width + widest.decoder.ffn_width)) != 1:
         raise SystemExit("the nn.Transformer reference needs one FFN width in every layer")
-    ref = Reference(data.vocab_size, sn.model_dim, sn.heads, widest.encoder.layers, widest.decoder.layers,
+    ref = Reference(data.vocab_size, sn.model_dim, sn.model_dim // sn.head_width, widest.encoder.layers, widest.decoder.layers,
                     widest.encoder.ffn_width[0], sn.dropout).train()
     src, tgt = data.load_split("train")
     batches = list(TokenBatcher(src, tgt, tr.max_tokens, seed=0).batches(0))[: args.steps]

@@ -42,8 +42,9 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
     """
     sn = spec.supernet
     maxima = build_space(spec).supernet_maxima(spec)
-    return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, max_arch=maxima.to_dict(),
-                dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.train.drop_branch,
+    return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, head_dim=sn.head_width,
+                max_arch=maxima.to_dict(),
+                dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.drop_branch,
                 max_positions=sn.max_positions, pad_id=0, more_features=sn.more_features,
                 unit_bias_rate=spec.train.unit_bias_rate, io_projection=spec.io_projection)
 

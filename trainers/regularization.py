@@ -34,5 +34,5 @@ def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arc
     """
     tr = spec.train
     rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
-    return model.regularization(drop_branch=drop_branch_at(tr.drop_branch, tr.drop_branch_warmup, step),
+    return model.regularization(drop_branch=drop_branch_at(spec.drop_branch, tr.drop_branch_warmup, step),
                                 **({} if rate is None else {"dropout": rate}))

@@ -42,27 +42,36 @@ class MultiBranchAttention(nn.Module):
     width. A call on U_l units x P_l paths with ``branches=B_l, width=D_l`` on inputs of C_l
     channels uses the leading block ``w_in[:U_l, :P_l, :B_l, :, :D_l, :C_l]`` (top-left crop
     ``W[1:C, 1:D]``, Scalable Transformers sec. 3.1; C_l < C for a type-1 sub-Transformer).
-    The head count is fixed, so the head width is ``D_l / heads``; every (path, branch)
-    pair becomes ``heads`` extra attention heads of one attention call.
+    The head width is fixed (``head_dim``, Scalable Transformers sec. 4.1: "attention head
+    dimension is fixed to 64"): a width D_l has ``D_l / head_dim`` heads, the widest's leading
+    heads (the crop ``[:D_l]`` keeps whole heads), each at temperature ``1/sqrt(head_dim)``.
+    Every (path, branch) pair becomes that many extra attention heads of one attention call.
+    With ``head_dim=None`` (models saved before it existed) the head count is fixed instead:
+    ``heads`` heads of ``D_l / heads`` channels.
 
     Args:
         model_dim: C, the model width (channels).
-        max_width: D, the widest attention width (channels), divisible by ``heads``.
+        max_width: D, the widest attention width (channels), divisible by ``head_dim`` (or ``heads``).
         max_branches: the most branches N_a.
-        heads: attention heads per branch.
+        heads: attention heads per branch when ``head_dim`` is None.
         max_paths: the most paths (Multi-Path).
         max_units: the most MUTE units.
 
     Raises:
-        ValueError: ``max_width`` not divisible by ``heads``.
+        head_dim: the width of one head (channels), or None (fixed head count).
+
+    Raises:
+        ValueError: ``max_width`` not divisible by ``head_dim`` (or ``heads``).
     """
 
     def __init__(self, model_dim: int, max_width: int, max_branches: int, heads: int, max_paths: int = 1,
-                 max_units: int = 1) -> None:
+                 max_units: int = 1, head_dim: int | None = None) -> None:
         super().__init__()
-        if max_width % heads:
-            raise ValueError(f"attention width {max_width} is not divisible by heads={heads}")
+        if max_width % (head_dim or heads):
+            what = f"head_dim={head_dim}" if head_dim else f"heads={heads}"
+            raise ValueError(f"attention width {max_width} is not divisible by {what}")
         self.model_dim, self.max_width, self.max_branches, self.heads = model_dim, max_width, max_branches, heads
+        self.head_dim = head_dim
         lead = (max_units, max_paths)  # MUTE units, Multi-Path paths
         self.w_in = nn.Parameter(torch.empty(*lead, max_branches, 3, max_width, model_dim))
         self.b_in = nn.Parameter(torch.zeros(*lead, max_branches, 3, max_width))
@@ -71,6 +80,10 @@ class MultiBranchAttention(nn.Module):
         bound_in = math.sqrt(6.0 / (model_dim + 3 * max_width))  # xavier over the fused [3D, C] matrix
         nn.init.uniform_(self.w_in, -bound_in, bound_in)
         nn.init.uniform_(self.w_out, -1.0 / math.sqrt(max_width), 1.0 / math.sqrt(max_width))
+
+    def heads_of(self, width: int) -> int:
+        """Heads per branch of a ``width``-channel attention: ``width / head_dim`` (or the fixed ``heads``)."""
+        return width // self.head_dim if self.head_dim else self.heads
 
     def crop(self, units: int, groups: int, branches: int, width: int, c: int, cross: bool = False,
              step: bool = False) -> AttentionWeights:
@@ -84,7 +97,7 @@ class MultiBranchAttention(nn.Module):
         w_in = crop(self.w_in, slice(nb), slice(None), slice(width), slice(c))  # [G, B, 3, D, C] (C cropped: type 1)
         b_in = crop(self.b_in, slice(nb), slice(None), slice(width))  # [G, B, 3, D]
         if step:
-            scale = torch.tensor([(width // self.heads) ** -0.5, 1.0, 1.0], dtype=w_in.dtype, device=w_in.device)
+            scale = torch.tensor([(width // self.heads_of(width)) ** -0.5, 1.0, 1.0], dtype=w_in.dtype, device=w_in.device)
             w_in, b_in = w_in * scale[:, None, None], b_in * scale[:, None]
         w_out = crop(self.w_out, slice(nb), slice(c), slice(width)).permute(0, 2, 1, 3).reshape(groups, c, nb * width)
         b_out = crop(self.b_out, slice(nb), slice(c))  # [G, B, C]
@@ -184,19 +197,20 @@ class MultiBranchAttention(nn.Module):
         (``[G, b, B*h, dh]``, views).
         """
         groups, bsz, t, _ = xs.shape
-        heads = w.b_out.size(1) * self.heads  # B*h
+        per_branch = self.heads_of(w.w_out.size(-1) // w.b_out.size(1))  # h at this width
+        heads = w.b_out.size(1) * per_branch  # B*h
         causal = None
         if memory is None:
             if t == 1:
                 q, k, v = apply(xs, w.proj).view(groups, bsz, 3, heads, -1).unbind(2)  # each [G, b, B*h, dh]
                 if values is not None:  # branch 0's values [G, b, 1, D]
-                    values.append(v[:, :, :self.heads].reshape(groups, bsz, 1, -1))
+                    values.append(v[:, :, :per_branch].reshape(groups, bsz, 1, -1))
                 kt, v = cache.step(k, v)  # [N, dh, T], [N, T, dh]
             else:
                 qkv = apply(xs, w.proj).view(groups, bsz, t, 3, heads, -1).permute(3, 0, 1, 4, 2, 5)
                 q, k, v = qkv.unbind(0)  # each [G, b, B*h, t, dh]
                 if values is not None:
-                    values.append(v[:, :, :self.heads].transpose(2, 3).reshape(groups, bsz, t, -1))
+                    values.append(v[:, :, :per_branch].transpose(2, 3).reshape(groups, bsz, t, -1))
                 past = cache.length
                 k, v = cache.append(k, v)  # [G, b, B*h, T, dh]
                 kt, v = k.flatten(0, 2).transpose(1, 2), v.flatten(0, 2)
@@ -221,7 +235,8 @@ class MultiBranchAttention(nn.Module):
     def _heads(self, z: torch.Tensor) -> torch.Tensor:
         """``[G, b, t, B, D] -> [G, b, B*h, t, D/h]``: branches become extra attention heads."""
         n_paths, bsz, t, nb, width = z.shape
-        return z.reshape(n_paths, bsz, t, nb * self.heads, width // self.heads).transpose(2, 3)
+        heads = self.heads_of(width)
+        return z.reshape(n_paths, bsz, t, nb * heads, width // heads).transpose(2, 3)
 
 
 def _flat(cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:

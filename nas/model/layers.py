@@ -42,6 +42,27 @@ def _keep(scale: torch.Tensor | None, column: int) -> torch.Tensor | None:
     return None if scale is None else scale[..., column]
 
 
+def _drop_branch(rho: float, units: int, paths: int, bsz: int, branches: int, attentions: int,
+                 device: torch.device) -> tuple[tuple, tuple]:
+    """Drop-branch keep masks (MAT eq. 5 and 7) of one layer call with ``attentions`` attention sublayers.
+
+    Returns ``(branch_scales, keeps)``: ``branch_scales[i] [G, b, B]`` drops the branches of attention
+    ``i`` inside it (MAT eq. 5) and ``keeps[i] [G, b]`` drops sublayer ``i``'s whole output where
+    :meth:`PathFusion.fuse` adds it (the FFN last, eq. 7); G = ``units * paths``, one draw per sentence.
+    With several paths an attention is dropped as a whole per path, after its PathNorm, as the FFN is:
+    inside PathNorm the ``1/(1 - rho)`` rescale would cancel and a dropped path would still add
+    ``alpha * PathNorm``'s bias, so training's expectation would not be evaluation's. (MAT has no
+    PathNorm and Multi-Path no drop-branch; this keeps eq. 5's expectation. Branches inside a path
+    are then not dropped one by one.) Entries are None where nothing is dropped (``rho == 0``).
+    """
+    if paths == 1:
+        scale = drop_mask((units, bsz, attentions * branches + 1), rho, device)  # branches..., FFN
+        return (tuple(_cut(scale, i * branches, (i + 1) * branches) for i in range(attentions)),
+                (*(None,) * attentions, _keep(scale, attentions * branches)))
+    scale = drop_mask((units * paths, bsz, attentions + 1), rho, device)  # attentions..., FFN
+    return (None,) * attentions, tuple(_keep(scale, i) for i in range(attentions + 1))
+
+
 class _UnifiedLayer(nn.Module):
     """What encoder and decoder layers share: attention(s), FFN, path fusions, Prime parts and
     the MUTE units around them (DESIGN "The unified layer"):
@@ -49,12 +70,13 @@ class _UnifiedLayer(nn.Module):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int, more_features: bool, layout: str, kernel_sizes: tuple[int, ...], max_units: int,
-                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool) -> None:
+                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool, head_dim: int | None = None) -> None:
         super().__init__()
         self.layouts = tuple(layout.split("+"))
         self.unit_bias_rate = unit_bias_rate
         for name in sublayers:
-            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units))
+            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units,
+                                                       head_dim))
         self.ffn = ElasticFFN(model_dim, max_ffn_width, max_paths, max_units)
         if "sequential" in self.layouts:
             for name in (*sublayers, "ffn"):
@@ -143,9 +165,10 @@ class EncoderLayer(_UnifiedLayer):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
-                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
+                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
+                 head_dim: int | None = None) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
-                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False)
+                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False, head_dim=head_dim)
 
     def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 reg: Regularization | None = None) -> torch.Tensor:
@@ -161,19 +184,19 @@ class EncoderLayer(_UnifiedLayer):
         n_paths = dims.paths if dims.layout == "sequential" else 1
         lengths = None if src_pad is None else (~src_pad).sum(1)
         xu = self._unit_inputs(x, dims, lengths)  # [U, b, s, C]
-        scale = drop_mask((units * n_paths, x.size(0), nb + 1), reg.drop_branch, x.device)  # per group: branches, FFN
-        attn = dict(width=dims.width, branches=nb, key_pad=src_pad, branch_scale=_cut(scale, 0, nb), units=units,
+        branch_scale, keeps = _drop_branch(reg.drop_branch, units, n_paths, x.size(0), nb, 1, x.device)
+        attn = dict(width=dims.width, branches=nb, key_pad=src_pad, branch_scale=branch_scale[0], units=units,
                     dropout=reg.attention_dropout)
         if dims.layout == "prime":
             values: list = []
             total = xu + drop(self.attn(xu, values=values, **attn), p)
             if dims.kernels:
                 total = total + drop(self.conv(xu, values[0], dims.kernels, src_pad), p)
-            total = self._prime_ffn(total, xu, dims, _keep(scale, nb), p)
+            total = self._prime_ffn(total, xu, dims, keeps[-1], p)
             return self._combine(self._prime_norm(total), dims)
-        xu = self.attn_paths.fuse(xu, drop(self.attn(self.attn_paths.paths_in(xu, n_paths), **attn), p))
+        xu = self.attn_paths.fuse(xu, drop(self.attn(self.attn_paths.paths_in(xu, n_paths), **attn), p), keeps[0])
         ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p), p)
-        return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, nb)), dims)
+        return self._combine(self.ffn_paths.fuse(xu, ys, keeps[-1]), dims)
 
 
 class DecoderLayer(_UnifiedLayer):
@@ -194,9 +217,11 @@ class DecoderLayer(_UnifiedLayer):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
-                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0) -> None:
+                 kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
+                 head_dim: int | None = None) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
-                         kernel_sizes, max_units, unit_bias_rate, ("self_attn", "cross_attn"), causal=True)
+                         kernel_sizes, max_units, unit_bias_rate, ("self_attn", "cross_attn"), causal=True,
+                         head_dim=head_dim)
 
     def cross_kv(self, memory: torch.Tensor, dims: LayerArch) -> tuple[torch.Tensor, torch.Tensor]:
         """The cross-attention keys and values of ``memory [b, s, C]`` for ``dims``: each ``[G, b, B*h, s, dh]``
@@ -224,13 +249,13 @@ class DecoderLayer(_UnifiedLayer):
         if cache is None:
             reg = reg or _NONE
             p, attn_p = reg.dropout, reg.attention_dropout
-            scale = drop_mask((units * n_paths, x.size(0), 2 * nb + 1), reg.drop_branch, x.device)  # self, cross, FFN
+            branch_scale, keeps = _drop_branch(reg.drop_branch, units, n_paths, x.size(0), nb, 2, x.device)
         else:  # incremental decoding is inference: no regularisation
-            p, attn_p, scale = 0.0, 0.0, None
-        self_kw = dict(width=dims.width, branches=nb, causal=cache is None, branch_scale=_cut(scale, 0, nb),
+            p, attn_p, branch_scale, keeps = 0.0, 0.0, (None, None), (None, None, None)
+        self_kw = dict(width=dims.width, branches=nb, causal=cache is None, branch_scale=branch_scale[0],
                        cache=None if cache is None else cache.self_attn, units=units, dropout=attn_p)
         cross_kw = dict(width=dims.width, branches=nb, memory=memory, key_pad=src_pad,
-                        branch_scale=_cut(scale, nb, 2 * nb), cache=None if cache is None else cache.cross_attn,
+                        branch_scale=branch_scale[1], cache=None if cache is None else cache.cross_attn,
                         units=units, dropout=attn_p)
         memo = None if cache is None else cache.memo
         if dims.layout == "prime":
@@ -239,11 +264,11 @@ class DecoderLayer(_UnifiedLayer):
             total = total + drop(self.cross_attn(xu, **cross_kw), p)
             if dims.kernels:
                 total = total + drop(self.conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
-            total = self._prime_ffn(total, xu, dims, _keep(scale, 2 * nb), p, memo)
+            total = self._prime_ffn(total, xu, dims, keeps[-1], p, memo)
             return self._combine(self._prime_norm(total, memo), dims, memo)
         paths = self.self_attn_paths
-        xu = paths.fuse(xu, drop(self.self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p))
+        xu = paths.fuse(xu, drop(self.self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
         paths = self.cross_attn_paths
-        xu = paths.fuse(xu, drop(self.cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p))
+        xu = paths.fuse(xu, drop(self.cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
         ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p, memo), p)
-        return self._combine(self.ffn_paths.fuse(xu, ys, _keep(scale, 2 * nb)), dims, memo)
+        return self._combine(self.ffn_paths.fuse(xu, ys, keeps[-1]), dims, memo)

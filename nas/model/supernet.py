@@ -38,7 +38,8 @@ class SuperTransformer(nn.Module):
         vocab_size: joint source/target vocabulary (tokens).
         model_dim: C, the widest model width (channels); a type-1 sub-Transformer (``arch.model_width``)
             crops every layer, layer norm and projection to its own C (Scalable Transformers sec. 3.2).
-        heads: attention heads per branch.
+        heads: attention heads per branch of a ``model_dim``-wide attention (the head count of every width
+            when ``head_dim`` is None).
         max_arch: the widest choice per layer; its layer counts are the supernet's depth.
         dropout: the configured residual/FFN/embedding dropout rate (:meth:`regularization`).
         attention_dropout: the configured dropout on attention probabilities (:meth:`regularization`).
@@ -53,17 +54,23 @@ class SuperTransformer(nn.Module):
             ``embed_dim`` channels at every model width. Both start as the identity.
         embed_dim: E, the word-embedding width (channels); default ``model_dim``. Only an extracted
             type-1 sub-Transformer has ``embed_dim > model_dim``.
+        head_dim: the fixed width of one attention head (channels): an attention width D has
+            ``D / head_dim`` heads per branch, the widest's leading heads, each at temperature
+            ``1/sqrt(head_dim)`` (Scalable Transformers sec. 4.1). None: the legacy fixed head count
+            (``heads`` heads of ``D / heads`` channels at every width), for models saved before it existed.
 
     Raises:
-        ValueError: a width not divisible by ``heads``; ``embed_dim != model_dim`` without ``io_projection``.
+        ValueError: a width not divisible by ``head_dim`` (or ``heads``); ``embed_dim != model_dim`` without
+            ``io_projection``.
     """
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
                  pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0,
-                 io_projection: bool = False, embed_dim: int | None = None) -> None:
+                 io_projection: bool = False, embed_dim: int | None = None, head_dim: int | None = None) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
+        self.head_dim = head_dim
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.unit_bias_rate, self.io_projection = unit_bias_rate, io_projection
@@ -82,7 +89,7 @@ class SuperTransformer(nn.Module):
                 for proj in (self.proj_in, self.proj_out):
                     proj.weight.copy_(torch.eye(*proj.weight.shape))
                     proj.bias.zero_()
-        kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate)
+        kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate, head_dim=head_dim)
         layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
                                max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, max_units=d.units, **kw)
         self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d)) for d in max_arch.encoder.layer_dims())
@@ -97,7 +104,8 @@ class SuperTransformer(nn.Module):
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
                     max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features,
                     unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection,
-                    **({"embed_dim": self.embed_dim} if self.embed_dim != self.model_dim else {}))
+                    **({"embed_dim": self.embed_dim} if self.embed_dim != self.model_dim else {}),
+                    **({"head_dim": self.head_dim} if self.head_dim is not None else {}))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":
@@ -128,12 +136,13 @@ class SuperTransformer(nn.Module):
         """``arch`` (the widest when None), validated against this model's maxima.
 
         Raises:
-            ValueError: a choice beyond the maxima (names it), a width not divisible by ``heads``, or a
+            ValueError: a choice beyond the maxima (names it), a width not divisible by ``head_dim``, or a
                 ``model_width`` the model cannot run (wider, or without ``io_projection``).
         """
         if arch is None:
             return self.full_arch
-        return check_arch(arch, self.max_arch, self.model_dim, self.heads, self.io_projection)
+        return check_arch(arch, self.max_arch, self.model_dim, self.head_dim or self.heads, self.io_projection,
+                          fixed_dim=self.head_dim is not None)
 
     def width_of(self, arch: Arch) -> int:
         """The model width C (channels) of ``arch``'s layers: ``arch.model_width``, else ``model_dim``."""
@@ -278,12 +287,14 @@ def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
 
 
 @functools.lru_cache(maxsize=1024)
-def check_arch(arch: Arch, max_arch: Arch, model_dim: int, heads: int, io_projection: bool) -> Arch:
+def check_arch(arch: Arch, max_arch: Arch, model_dim: int, heads: int, io_projection: bool,
+               fixed_dim: bool = False) -> Arch:
     """``arch`` if a model with these maxima can run it (a pure function, its answers cached: archs are frozen).
 
     Args:
         arch: the sub-Transformer; max_arch: the model's maxima; model_dim: its widest C (channels);
-        heads: attention heads per branch; io_projection: whether it has Scalable Transformers eq. 3's projections.
+        heads: the head width (``fixed_dim``) or the head count every width must be divisible by;
+        io_projection: whether it has Scalable Transformers eq. 3's projections.
     Raises:
         ValueError: a choice beyond ``max_arch`` (names it), a width not divisible by ``heads``, or a
             ``model_width`` wider than ``model_dim`` or without ``io_projection``.
@@ -298,5 +309,6 @@ def check_arch(arch: Arch, max_arch: Arch, model_dim: int, heads: int, io_projec
     for stack in (arch.encoder, arch.decoder):
         for i, w in enumerate(stack.width):
             if w % heads:
-                raise ValueError(f"arch width[{i}]={w} is not divisible by heads={heads}")
+                what = f"the head width head_dim={heads}" if fixed_dim else f"heads={heads}"
+                raise ValueError(f"arch width[{i}]={w} is not divisible by {what}")
     return arch

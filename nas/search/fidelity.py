@@ -267,8 +267,8 @@ def _standalone_settings(spec: SweepSpec, data: PreparedData, model_config: dict
     return _jsonable({"steps": steps, "seed": seed, "model": model_config, "data": Path(data.root).name,
                       "train": {k: getattr(tr, k) for k in ("lr", "warmup_steps", "max_tokens", "accumulate", "seed",
                                                             "label_smoothing", "clip_norm", "weight_decay", "precision",
-                                                            "drop_branch", "drop_branch_warmup", "width_dropout",
-                                                            "autoshuffle_penalty")},
+                                                            "drop_branch_warmup", "width_dropout",
+                                                            "autoshuffle_penalty")} | {"drop_branch": spec.drop_branch},
                       "beam_size": se.beam_size, "valid_sentences": se.valid_sentences})
 
 

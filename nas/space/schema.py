@@ -62,7 +62,16 @@ class SupernetSpec(_Strict):
     """C: the widest model width (channels); every sub-Transformer's unless ``space.model_width`` chooses
     a narrower one (type-1 Scalable Transformers, sec. 3.2)."""
     heads: int = Field(4, ge=1)
-    """Attention heads per branch; every attention width must be divisible by it."""
+    """Attention heads per branch of the widest attention (``model_dim``); sets the default ``head_dim``."""
+    head_dim: int | None = Field(None, ge=1)
+    """The fixed width of one attention head (channels); default ``model_dim / heads``. An attention width
+    D has ``D / head_dim`` heads per branch, the widest's leading heads (Scalable Transformers sec. 4.1:
+    "attention head dimension is fixed to 64"); every width must be divisible by it."""
+
+    @property
+    def head_width(self) -> int:
+        """``head_dim``, or ``model_dim / heads`` when it is not set."""
+        return self.head_dim or self.model_dim // self.heads
     encoder_layers: int = Field(..., ge=1)
     decoder_layers: int = Field(..., ge=1)
     ffn_width: int | None = Field(None, ge=1)
@@ -226,8 +235,9 @@ class TrainSpec(_Strict):
     warmup_steps: int = Field(400, ge=1)
     sandwich_k: int = Field(1, ge=0)
     """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
-    drop_branch: float = Field(0.1, ge=0.0, lt=1.0)
-    """MAT drop-branch rate rho (eq. 5-7), training only."""
+    drop_branch: float | None = Field(None, ge=0.0, lt=1.0)
+    """MAT drop-branch rate rho (eq. 5-7), training only; on the branches and the FFN. Default: 0.1 in a
+    space with branches (``SweepSpec.drop_branch``), else 0: without branches there is nothing to drop."""
     drop_branch_warmup: int = Field(0, ge=0)
     """Drop-branch schedule: rho rises linearly from 0 to ``drop_branch`` over these first steps (as
     drop-path schedules do), then stays; 0 (default): MAT's fixed rho from the first step."""
@@ -249,8 +259,9 @@ class TrainSpec(_Strict):
     seed: int = 0
     proximal_init: Path | None = None
     """MAT proximal initialization (sec. 3.3): a single-branch ``*.safetensors`` whose branch 0 starts every branch."""
-    unit_bias_rate: float = Field(0.5, ge=0.0, le=1.0)
-    """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2)."""
+    unit_bias_rate: float = Field(0.85, ge=0.0, le=1.0)
+    """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2;
+    the paper's 0.85)."""
     autoshuffle_penalty: float = Field(0.01, ge=0.0)
     """MUTE lambda (eq. 20): weight of the AutoShuffle permutation penalty (eq. 19) in the loss."""
     eval_beam_size: int = Field(4, ge=1)
@@ -494,6 +505,21 @@ class SweepSpec(_Strict):
         return self.workdir / self.name
 
     @property
+    def max_branches(self) -> int:
+        """The most attention branches any sub-Transformer of the space has (1: no MAT branches)."""
+        if self.supernet.branches is not None:
+            return self.supernet.branches
+        dim = self.space.branches
+        return max((v for v in (dim.values or []) if isinstance(v, int)), default=1) if dim is not None else 1
+
+    @property
+    def drop_branch(self) -> float:
+        """The drop-branch rate rho in use: ``train.drop_branch``, default 0.1 with branches, else 0."""
+        if self.train.drop_branch is not None:
+            return self.train.drop_branch
+        return 0.1 if self.max_branches > 1 else 0.0
+
+    @property
     def io_projection(self) -> bool:
         """Whether the supernet has the eq. 3 input/output projections (Scalable Transformers)."""
         if self.supernet.io_projection is not None:
@@ -503,8 +529,13 @@ class SweepSpec(_Strict):
     @model_validator(mode="after")
     def _check_space(self) -> "SweepSpec":
         sn, sp = self.supernet, self.space
-        if sn.model_dim % sn.heads:
-            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}")
+        if sn.head_dim is None and sn.model_dim % sn.heads:
+            raise ValueError(f"supernet.model_dim={sn.model_dim} is not divisible by supernet.heads={sn.heads}; "
+                             f"change one, or set supernet.head_dim")
+        if self.train.drop_branch and self.max_branches == 1:
+            raise ValueError(f"train.drop_branch={self.train.drop_branch}, but the space has no branches (MAT "
+                             f"drop-branch drops attention branches and the FFN): remove train.drop_branch, or "
+                             f"add space.branches with values above 1")
         if sn.ffn_width is None and sp.ffn_width is None:
             raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
         for k in sn.kernels:
@@ -525,7 +556,7 @@ class SweepSpec(_Strict):
             if dim is None:
                 continue
             if dim.tie is not None:
-                _check_tie(key, dim, sp, *limits.get(key, (None, None)), heads=sn.heads)
+                _check_tie(key, dim, sp, *limits.get(key, (None, None)), head_dim=sn.head_width)
                 continue
             values = [tuple(v) if isinstance(v, list) else v for v in dim.values]
             if len(set(values)) != len(values):
@@ -539,7 +570,7 @@ class SweepSpec(_Strict):
             elif key == "kernels":
                 _check_kernels(dim.values, sn.kernels, sp.layout)
             else:
-                _check_ints(key, dim.values, *limits[key], heads=sn.heads)
+                _check_ints(key, dim.values, *limits[key], head_dim=sn.head_width)
             if dim.when is not None:
                 _check_when(key, dim, sp)
         _check_prime_conditions(sp)
@@ -553,7 +584,7 @@ class SweepSpec(_Strict):
 
 
 
-def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads: int) -> None:
+def _check_ints(key: str, values: list, limit_key: str, limit: int | None, head_dim: int) -> None:
     for v in values:
         if not isinstance(v, int):
             raise ValueError(f"space.{key}.values contains {v!r}; this dimension takes integers")
@@ -562,12 +593,13 @@ def _check_ints(key: str, values: list, limit_key: str, limit: int | None, heads
         if limit is not None and v > limit:
             raise ValueError(f"space.{key}.values contains {v}, above {limit_key}={limit}; "
                              f"lower the value or raise {limit_key}")
-        if key == "width" and v % heads:
-            raise ValueError(f"space.width.values contains {v}, not divisible by supernet.heads={heads}")
+        if key == "width" and v % head_dim:
+            raise ValueError(f"space.width.values contains {v}, not divisible by the head width {head_dim} "
+                             f"(supernet.head_dim, default model_dim / heads); use multiples of {head_dim}")
 
 
 def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | None, limit: int | None,
-               heads: int) -> None:
+               head_dim: int) -> None:
     if key not in ("width", "ffn_width"):
         raise ValueError(f"space.{key}.tie: only width and ffn_width can be tied to the model width")
     if sp.model_width is None or sp.model_width.values is None:
@@ -579,8 +611,9 @@ def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | Non
         if isinstance(v, int) and limit is not None and v > limit:
             raise ValueError(f"space.{key}: model_width {c} x scale {dim.scale} = {v} is above {limit_key}={limit}; "
                              f"lower the scale or raise {limit_key}")
-        if key == "width" and isinstance(v, int) and v % heads:
-            raise ValueError(f"space.width: tied to model_width {c}, {v} is not divisible by supernet.heads={heads}")
+        if key == "width" and isinstance(v, int) and v % head_dim:
+            raise ValueError(f"space.width: tied to model_width {c}, {v} is not divisible by the head width "
+                             f"{head_dim} (supernet.head_dim, default model_dim / heads)")
 
 
 def _check_names(key: str, values: list, allowed: tuple[str, ...]) -> None:

@@ -32,7 +32,11 @@ def _seq(width, ffn, branches, paths) -> LayerArch:
 
 
 def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
-    """MAT eq. 6-7 inside Multi-Path eq. 4-6, transcribed with loops over paths and branches."""
+    """MAT eq. 6-7 inside Multi-Path eq. 4-6, transcribed with loops over paths and branches.
+
+    ``keep``: drop-branch keep masks, ``[1, b, B + 1]`` with one path (each branch inside the attention,
+    MAT eq. 5, and the FFN, eq. 7), ``[P, b, 2]`` with several (each path's attention and FFN as a whole,
+    after its PathNorm)."""
     width, ffn, nb, n_paths = dims[:4]
     a, f = layer.attn, layer.ffn
 
@@ -41,6 +45,8 @@ def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
             return x + ys[0]
         normed = [fusion.alpha[0, p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[0, p], fusion.pathnorm_bias[0, p])
                   for p, y in enumerate(ys)]
+        if keep is not None:
+            normed = [keep[p, :, 0][:, None, None] * y for p, y in enumerate(normed)]
         return fusion.beta[0] * x + sum(normed)
 
     ys = []
@@ -48,7 +54,7 @@ def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
         h = F.layer_norm(x, (C,), layer.attn_paths.ln_weight[0, p], layer.attn_paths.ln_bias[0, p])
         total = 0
         for i in range(nb):
-            beta_i = 1.0 if keep is None else keep[p, :, i][:, None, None]  # MAT eq. 5
+            beta_i = 1.0 if keep is None or n_paths > 1 else keep[p, :, i][:, None, None]  # MAT eq. 5
             total = total + beta_i * _attention(h, a.w_in[0, p, i, :, :width], a.b_in[0, p, i, :, :width],
                                                 a.w_out[0, p, i, :, :width], a.b_out[0, p, i], H, key_pad)
         ys.append(total / nb)  # MAT eq. 4/6
@@ -64,7 +70,7 @@ def _reference_encoder_layer(layer, x, dims, keep=None, key_pad=None):
     normed = [fusion.alpha[0, p] * F.layer_norm(y, (C,), fusion.pathnorm_weight[0, p], fusion.pathnorm_bias[0, p])
               for p, y in enumerate(ys)]
     if keep is not None:
-        normed = [keep[p, :, nb][:, None, None] * y for p, y in enumerate(normed)]
+        normed = [keep[p, :, 1][:, None, None] * y for p, y in enumerate(normed)]
     return fusion.beta[0] * x + sum(normed)
 
 
@@ -99,10 +105,30 @@ def test_encoder_layer_matches_loop_transcription_in_training_with_fixed_drop_br
     torch.manual_seed(7)
     got = layer(x, dims, None, reg=Regularization(drop_branch=rho))
     torch.manual_seed(7)
-    keep = (torch.rand(dims[3], 4, dims[2] + 1) >= rho).float() / (1 - rho)  # [P, b, B + FFN]
+    cols = dims[2] + 1 if dims[3] == 1 else 2  # one path: branches + FFN; several: attention + FFN per path
+    keep = (torch.rand(dims[3], 4, cols) >= rho).float() / (1 - rho)
     assert (keep == 0).any(), "the seed must drop something for the test to mean anything"
     ref = _reference_encoder_layer(layer, x, dims, keep)
     assert (got - ref).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("dims", [_seq(16, 24, 3, 1), _seq(8, 12, 2, 3)])
+def test_in_training_the_expected_output_under_drop_branch_is_the_evaluation_output(dims):
+    """MAT eq. 5: E[beta_i] = 1, so drop-branch must leave the attention sublayer's expectation unchanged,
+    with paths too (a mask before PathNorm would cancel its 1/(1 - rho) and keep PathNorm's bias). The FFN
+    computes zero here (its PathNorm bias stays), so the layer is linear in the attention sublayer's output
+    and its expectation is exactly the evaluation output."""
+    layer = _layer()
+    x = torch.randn(2, 4, C)
+    torch.manual_seed(3)  # fixed randomness
+    with torch.no_grad():
+        for w in (layer.ffn.w1, layer.ffn.b1, layer.ffn.w2, layer.ffn.b2):
+            w.zero_()
+        want = layer(x, dims, None)
+        draws = 4000
+        mean = sum(layer(x, dims, None, reg=Regularization(drop_branch=0.3)) for _ in range(draws)) / draws
+    spread = (want - x).abs().mean()  # the layer's own change of x, the scale of the error
+    assert (mean - want).abs().mean() <= 0.05 * spread
 
 
 def test_path_weights_start_at_paper_values():

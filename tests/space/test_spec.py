@@ -192,3 +192,12 @@ def test_unknown_key_inside_a_list_item_gets_a_suggestion(tmp_path):
     bad.write_text((REPO / QUICKSTART).read_text(encoding="utf-8").replace("metrics: [{name: bleu", "metrics: [{nme: bleu"), encoding="utf-8")
     with pytest.raises(SpecError, match=r"search\.metrics\.0\.nme: unknown key \(did you mean 'name'\?\)"):
         load_spec(bad, check_files=False)
+
+
+def test_paper_defaults_drop_branch_only_with_branches_and_p_beta_085(in_repo):
+    """MAT drop-branch (rho 0.1) only in a space with branches; MUTE p_beta = 0.85 (sec. 3.2)."""
+    no_branches = load_spec(REPO / "search_spaces" / "multipath.yaml")
+    assert no_branches.max_branches == 1 and no_branches.drop_branch == 0.0
+    with_branches = load_spec(REPO / "search_spaces" / "mat.yaml")
+    assert with_branches.max_branches > 1 and with_branches.drop_branch == 0.1
+    assert load_spec(REPO / "search_spaces" / "mute.yaml").train.unit_bias_rate == 0.85
