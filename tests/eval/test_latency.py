@@ -35,7 +35,7 @@ def _space(space: dict = SPACE, **supernet) -> tuple[SearchSpace, object]:
     raw = {
         "name": "t",
         "data": {"train": {"src": "a.en", "tgt": "a.de"}, "valid": {"src": "b.en", "tgt": "b.de"}},
-        "supernet": {"model_dim": MODEL_DIM, "heads": 2, "encoder_layers": 3, "decoder_layers": 2,
+        "supernet": {"model_dim": MODEL_DIM, "heads": 2, "head_dim": 8, "encoder_layers": 3, "decoder_layers": 2,
                      "kernels": [3], **supernet},
         "space": space,
     }
