@@ -455,10 +455,10 @@ def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -
 
 @latency_app.command("fit")
 def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
-                samples: int = typer.Option(100, help="Sub-Transformers to measure (widest, narrowest, then random)."),
-                batch_size: int = typer.Option(1, help="Sentences per batch when timing."),
-                sentences: Optional[int] = typer.Option(None, help="Validation sentences timed (default: search.latency_sentences)."),
-                threads: Optional[int] = typer.Option(None, help="torch threads (default: search.cpu_per_trial)."),
+                samples: int = typer.Option(100, min=2, help="Sub-Transformers to measure (widest, narrowest, then random; at least 2)."),
+                batch_size: int = typer.Option(1, min=1, help="Sentences per batch when timing."),
+                sentences: Optional[int] = typer.Option(None, min=1, help="Validation sentences timed (default: search.latency_sentences)."),
+                threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: search.cpu_per_trial)."),
                 out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_b<B>.safetensors)."),
                 seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
     """Measure sub-Transformers on this machine, fit a latency predictor and report its held-out RMSE and MAPE."""

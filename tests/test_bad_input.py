@@ -399,3 +399,12 @@ def test_a_postgresql_database_that_does_not_exist_says_how_to_create_it(postgre
     with pytest.raises(BackendError, match=r'cannot be opened \(database "nas_test_no_such_db" does not exist\); '
                                            r"create it \(CREATE DATABASE nas_test_no_such_db\)"):
         check_database(url, what="Optuna storage", setting="tracking.optuna_storage in the YAML")
+
+
+@pytest.mark.parametrize("option", [["--samples", "1"], ["--batch-size", "0"], ["--sentences", "0"], ["--threads", "0"]])
+def test_latency_fit_refuses_counts_below_their_minimum_with_exit_2(tmp_path, option):
+    """Bad numbers for ``nas latency fit`` are usage errors (exit 2, naming the option), not a traceback after
+    the supernet is loaded."""
+    result = runner.invoke(app, ["latency", "fit", str(tmp_path / "never-read.yaml"), *option])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert option[0] in result.output

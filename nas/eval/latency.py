@@ -42,6 +42,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from nas.errors import NasError
 from nas.eval.measure_lock import MeasureLock
 from nas.model.decode import beam_search
 from nas.io import atomic_path, atomic_write_text
@@ -349,8 +350,8 @@ class LatencyPredictor:
             error, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
 
         Raises:
-            ValueError: fewer than 2 matching samples (names the batch/beam sizes present),
-                a latency that is not positive and finite, or ``holdout`` outside [0, 1).
+            NasError: fewer than 2 matching samples (names the batch/beam sizes present).
+            ValueError: a latency that is not positive and finite, or ``holdout`` outside [0, 1).
         """
         if not 0.0 <= holdout < 1.0:
             raise ValueError(f"holdout={holdout} must be in [0, 1)")
@@ -359,8 +360,8 @@ class LatencyPredictor:
                 and s.get("beam_size", self.beam_size) == self.beam_size]
         if len(rows) < 2:
             present = sorted({(s.get("batch_size"), s.get("beam_size")) for s in samples}, key=str)
-            raise ValueError(f"{len(rows)} samples at batch_size={self.batch_size}, beam_size={self.beam_size} "
-                             f"(need >= 2); the samples have (batch_size, beam_size) {present}")
+            raise NasError(f"{len(rows)} samples at batch_size={self.batch_size}, beam_size={self.beam_size} "
+                           f"(need >= 2); the samples have (batch_size, beam_size) {present}")
         for i, s in enumerate(rows):
             if not (math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0):
                 raise ValueError(f"samples[{i}].latency_ms={s['latency_ms']} must be positive and finite")
