@@ -57,7 +57,7 @@ class StagePosition:
         if not isinstance(self.stage, WordDistillStage):
             return None
         s = self.stage
-        t_j = s.steps if s.lambda_steps is None else s.lambda_steps
+        t_j = s.steps // 2 if s.lambda_steps is None else s.lambda_steps  # the paper gives no t_j
         return anneal_lambda(self.step, s.lambda_start, s.lambda_end, t_j)
 
     @property

@@ -141,7 +141,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     plan = tr.stage_plan
     model = build_supernet(spec, data.vocab_size).to(device)
     optimizer = make_optimizer(model, tr.lr, tr.weight_decay)
-    scheduler = make_scheduler(optimizer, tr.warmup_steps)
+    scheduler = make_scheduler(optimizer, tr.warmup_steps, [stage.steps for stage in plan])  # restarts per stage
     train_src, train_tgt = data.load_split("train")
     batchers = {"train": TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)}
     rng = random.Random(tr.seed)

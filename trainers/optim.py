@@ -9,8 +9,9 @@ batches into one optimizer step (gradient accumulation).
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TypeVar
 
 import torch
@@ -44,10 +45,22 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> to
     return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay)
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                   stage_steps: Sequence[int] = ()) -> torch.optim.lr_scheduler.LambdaLR:
     """The inverse-square-root schedule of :func:`inverse_sqrt_lr` over ``warmup_steps`` optimizer steps;
-    ``warmup_steps`` 0: the peak rate throughout (no warm-up, no decay)."""
-    factor = inverse_sqrt_lr(warmup_steps) if warmup_steps > 0 else (lambda step: 1.0)
+    ``warmup_steps`` 0: the peak rate throughout (no warm-up, no decay).
+
+    With ``stage_steps`` (the optimizer steps of each training stage, in order), the warm-up and the peak
+    restart at every stage's first step, as in Scalable Transformers App. A (each of the three stages has
+    its own warm-up, Table 4): the factor follows the step within the stage. The factor is a function of
+    the global step alone, so a resumed run continues on the same schedule.
+    """
+    base = inverse_sqrt_lr(warmup_steps) if warmup_steps > 0 else (lambda step: 1.0)
+    starts = list(itertools.accumulate(stage_steps, initial=0))[:-1]  # each stage's first global step
+
+    def factor(step: int) -> float:
+        start = max((s for s in starts if s <= step), default=0)
+        return base(step - start)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 

@@ -112,9 +112,10 @@ def test_stage_and_lambda_follow_from_the_global_step():
         stage_at(plan, 8)
 
 
-def test_lambda_steps_defaults_to_the_whole_stage():
+def test_lambda_steps_defaults_to_half_the_stage_so_lambda_2_reaches_its_plateau():
+    """Eq. 5's t_j is not given by the paper; by default lambda_2 reaches lambda_end half-way and holds it."""
     plan = parse_spec_train({"stages": [{"name": "word_distill", "steps": 4, "lambda_end": 0.6}]}).stage_plan
-    assert [stage_at(plan, s).lambda_2 for s in range(4)] == pytest.approx([1.0, 0.9, 0.8, 0.7])
+    assert [stage_at(plan, s).lambda_2 for s in range(4)] == pytest.approx([1.0, 0.8, 0.6, 0.6])
 
 
 # ---- the YAML ---------------------------------------------------------------------------------------
