@@ -190,7 +190,6 @@ def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
         "branches": {"values": [1, 2], "per_layer": True},
         "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
         "kernels": {"values": [[], [3], [3, 5]], "per_layer": True, "when": {"layout": "prime"}},
-        "unit_bias": {"values": ["mixed", "swap"], "per_layer": True, "when": {"units": [2]}},
         "unit_dependency": {"values": ["sequential", "independent"], "per_layer": True, "when": {"units": [2]}},
     }
     raw = tiny_spec_dict(multi30k, tmp_path, space=space, **{

@@ -144,7 +144,7 @@ class SpaceSpec(_Strict):
     units: Dimension | None = None
     """MUTE units per layer (eq. 10); default: supernet.units, else 1."""
     unit_bias: Dimension | None = None
-    """Input noise of units 1.. in training (MUTE sec. 3.2): identity, swap, disorder, mask, mixed (encoder only)."""
+    """Refused: MUTE's unit biases act only in training, so they are no search dimension; see ``train.unit_bias``."""
     unit_dependency: Dimension | None = None
     """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, AutoShuffle) unit combination."""
 
@@ -262,6 +262,11 @@ class TrainSpec(_Strict):
     seed: int = 0
     proximal_init: Path | None = None
     """MAT proximal initialization (sec. 3.3): a single-branch ``*.safetensors`` whose branch 0 starts every branch."""
+    unit_bias: Literal["mixed", "swap", "disorder", "mask", "identity"] = "mixed"
+    """Input noise of units 1.. of every multi-unit encoder layer in training (MUTE sec. 3.2): ``swap``,
+    ``disorder``, ``mask``, or ``mixed`` (unit u gets swap, disorder, mask in turn), ``identity`` for none.
+    A training setting of the supernet, not a search dimension: it changes nothing at evaluation, so
+    sub-Transformers that differ only in it would score identically. Decoder units get no noise."""
     unit_bias_rate: float = Field(0.85, ge=0.0, le=1.0)
     """MUTE p_beta: the rate (per sentence) at which unit biases are switched on in training (sec. 3.2;
     the paper's 0.85)."""
@@ -539,6 +544,10 @@ class SweepSpec(_Strict):
             raise ValueError(f"train.drop_branch={self.train.drop_branch}, but the space has no branches (MAT "
                              f"drop-branch drops attention branches and the FFN): remove train.drop_branch, or "
                              f"add space.branches with values above 1")
+        if sp.unit_bias is not None:
+            raise ValueError("space.unit_bias: MUTE's unit biases act only in training (sec. 3.2), so sub-Transformers "
+                             "that differ only in them score identically; it is no search dimension: remove "
+                             "space.unit_bias and set train.unit_bias (mixed, swap, disorder, mask or identity)")
         if sn.ffn_width is None and sp.ffn_width is None:
             raise ValueError("set supernet.ffn_width or space.ffn_width.values (the FFN inner width)")
         for k in sn.kernels:

@@ -86,7 +86,7 @@ class SearchSpace:
             "layout": Dimension(values=["sequential"]),
             "kernels": Dimension(values=[[]]),
             "units": Dimension(values=[sn.units or 1]),
-            "unit_bias": Dimension(values=["identity"]),
+            "unit_bias": _unit_bias(spec),
             "unit_dependency": Dimension(values=["independent"]),
         }
         dims = {n: tied.get(n) or getattr(sp, n) or defaults[n] for n in ORDER}
@@ -309,3 +309,15 @@ class SearchSpace:
 def format_count(n: int) -> str:
     """``1234`` -> ``1,234``; large counts as a power of ten (``~3.2e+12``)."""
     return f"{n:,}" if n < 10 ** 7 else f"~{n:.1e} (10^{math.log10(n):.1f})"
+
+
+def _unit_bias(spec: SweepSpec) -> Dimension:
+    """The one unit bias of every multi-unit layer, ``train.unit_bias`` (a training setting: MUTE's biases
+    change nothing at evaluation, so the space does not choose it); single-unit layers have none."""
+    sp = spec.space
+    units = sp.units.values if sp.units else [spec.supernet.units or 1]
+    many = sorted(u for u in units if u > 1)
+    if not many:
+        return Dimension(values=["identity"])
+    return Dimension(values=[spec.train.unit_bias], per_layer=bool(sp.units and sp.units.per_layer),
+                     when={"units": many})

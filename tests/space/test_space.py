@@ -366,3 +366,22 @@ def test_model_width_is_in_the_arch_json_only_when_chosen():
     arch = Arch(stack, stack, model_width=8)
     assert Arch.from_json(arch.to_json()) == arch and arch.arch_id != Arch(stack, stack).arch_id
     assert arch.summary().startswith("C8 enc[")
+
+
+def test_unit_bias_is_a_training_setting_not_a_search_dimension():
+    """MUTE's biases change nothing at evaluation (sec. 3.2): the space never chooses them, so its size is
+    the same whatever ``train.unit_bias`` is, and every multi-unit layer carries that one bias."""
+    sizes = []
+    for bias in ("mixed", "swap"):
+        raw = {"name": "t", "data": {"train": {"src": "a.en", "tgt": "a.de"}, "valid": {"src": "b.en", "tgt": "b.de"}},
+               "supernet": {"model_dim": 32, "heads": 4, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
+                            "units": 2},
+               "space": {"units": {"values": [1, 2], "per_layer": True}},
+               "train": {"unit_bias": bias}}
+        space = SearchSpace.from_spec(parse_spec(raw))
+        sizes.append(space.size())
+        for seed in range(20):
+            arch = space.sample(random.Random(seed))
+            for stack in (arch.encoder, arch.decoder):
+                assert all(b == (bias if u > 1 else "identity") for b, u in zip(stack.unit_bias, stack.units))
+    assert sizes[0] == sizes[1] == (2 ** 2) ** 2  # units per layer only: 2 layers x 2 stacks
