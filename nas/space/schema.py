@@ -220,7 +220,7 @@ class TrainSpec(_Strict):
     """Training stages in order, e.g. ``[{name: joint, steps: 2000}, {name: word_distill, steps: 1000}]``
     (Scalable Transformers sec. 3.3); default: one joint stage of ``steps`` steps."""
     width_dropout: dict[int, float] | None = None
-    """Dropout rate per model width (channels -> rate in [0, 1)), set in every ``nn.Dropout`` while a
+    """Dropout rate per model width (channels -> rate in [0, 1)), passed (as ``Regularization.dropout``) to every forward while a
     sub-Transformer of that width runs, e.g. ``{256: 0.0, 512: 0.1, 1024: 0.3}`` (Scalable Transformers
     sec. 4.1, appendix Table 5). The width is ``model_width`` (type 1), else ``supernet.model_dim``;
     every width of the space needs a rate. Default: ``supernet.dropout`` for all."""
