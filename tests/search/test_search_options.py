@@ -161,7 +161,9 @@ def test_a_searcher_pickled_before_points_and_constraints_existed_still_suggests
 
 def test_params_of_an_arch_outside_the_space_names_the_choice(multi30k, tmp_path):
     space = SearchSpace.from_spec(_spec(multi30k, tmp_path))
-    other = SearchSpace.from_spec(parse_spec(tiny_spec_dict(multi30k, tmp_path, space={"width": {"values": [8, 32]}})))
+    raw = tiny_spec_dict(multi30k, tmp_path, space={"width": {"values": [8, 32]}})
+    raw["supernet"] = {**raw["supernet"], "head_dim": 8}  # 8-channel widths need 8-channel heads
+    other = SearchSpace.from_spec(parse_spec(raw))
     with pytest.raises(ValueError, match=r"encoder.width.0=8 is not one of this space's choices \[16, 32\]"):
         space.params_of(other.narrowest())
 
@@ -223,7 +225,7 @@ def test_a_predictor_for_another_model_dim_is_refused_before_anything_runs(score
     from nas.space import SpecError, load_spec
 
     raw, _, _, _, path = scored
-    other = {**raw, "supernet": {**raw["supernet"], "model_dim": 64, "ffn_width": 128},
+    other = {**raw, "supernet": {**raw["supernet"], "model_dim": 64, "ffn_width": 128, "head_dim": 16},
              "search": {**raw["search"], "latency": "predicted", "latency_predictor": str(path)}}
     file = tmp_path / "other.yaml"
     file.write_text(yaml.safe_dump(other))
