@@ -28,8 +28,9 @@ The packages, bottom layer first (each imports only from the layers before it; t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from nas.api import load_export, load_spec, sweep, train, translate
@@ -37,16 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["load_spec", "sweep", "train", "load_export", "translate", "NasError"]
 
-_LAZY = {"load_spec": "nas.api", "sweep": "nas.api", "train": "nas.api", "load_export": "nas.api",
-         "translate": "nas.api", "NasError": "nas.errors"}
+_HOMES = {"load_spec": "api", "sweep": "api", "train": "api", "load_export": "api", "translate": "api",
+          "NasError": "errors"}
 
-
-def __getattr__(name: str) -> Any:
-    """PEP 562: load the public API on first use."""
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'nas' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

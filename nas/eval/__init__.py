@@ -16,8 +16,9 @@ Ranking fidelity (inherited against standalone scores) trains models, so it sits
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 _MODULES = {
     "scores": ("translate", "corpus_scores", "valid_loss", "encode_sources", "Scores"),
@@ -39,14 +40,4 @@ if TYPE_CHECKING:
     from nas.eval.scores import Scores, corpus_scores, encode_sources, translate, valid_loss
 
 
-def __getattr__(name: str) -> Any:
-    """PEP 562: load the submodule that defines ``name`` on first use."""
-    if name not in _HOMES:
-        raise AttributeError(f"module 'nas.eval' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"nas.eval.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

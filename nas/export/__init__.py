@@ -16,8 +16,9 @@ onnx or mlflow):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 _MODULES = {
     "folder": ("export_arch", "load_export", "Exported"),
@@ -39,14 +40,4 @@ if TYPE_CHECKING:
     from nas.export.onnx import MANIFEST, MIN_OPSET, TRANSLATE_SCRIPT, export_onnx, verify_onnx
 
 
-def __getattr__(name: str) -> Any:
-    """PEP 562: load the submodule that defines ``name`` on first use."""
-    if name not in _HOMES:
-        raise AttributeError(f"module 'nas.export' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"nas.export.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

@@ -36,10 +36,7 @@ class ElasticFFN(nn.Module):
                 memo: dict | None = None) -> torch.Tensor:
         """``[G, b, t, C] -> [G, b, t, C]`` with G = units x paths (unit-major); ``dropout`` on the hidden layer;
         ``memo`` (incremental decoding) keeps the cropped weights for the batch."""
-        packed = None if memo is None else memo.get("ffn_plain")
-        if packed is None:
-            packed = memoized(memo, "ffn_plain", self.crop, units, xs.size(0) // units, ffn_width, xs.size(-1))
-        first, second = packed
+        first, second = memoized(memo, "ffn_plain", self.crop, units, xs.size(0) // units, ffn_width, xs.size(-1))
         hidden = F.relu(apply(xs, first))  # [G, b, t, F_l]
         return apply(drop(hidden, dropout), second)
 

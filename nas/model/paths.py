@@ -47,10 +47,7 @@ class PathFusion(nn.Module):
 
         ``memo`` (incremental decoding) keeps the cropped layer-norm affine for the batch."""
         c = x.size(-1)
-        affine = None if memo is None else memo.get(self)
-        if affine is None:
-            affine = memoized(memo, self, self._affine, x.size(0), n_paths, c)
-        w, b = affine
+        w, b = memoized(memo, self, self._affine, x.size(0), n_paths, c)
         if w.dim() == 1:
             return F.layer_norm(x, (c,), w, b)
         return torch.addcmul(b, F.layer_norm(x, (c,)).unsqueeze(1), w).flatten(0, 1)  # [U, P, b, t, C] -> [U*P, ...]

@@ -12,8 +12,9 @@ The Pareto plot itself is drawn by :mod:`nas.tracking.plots` (a sweep also logs 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 _MODULES = {
     "sweep": ("FORMATS", "ImportanceError", "SweepReport", "build_report", "locate_study", "param_importances",
@@ -30,14 +31,4 @@ if TYPE_CHECKING:
                                   param_importances, render_html, render_markdown, write_report)
 
 
-def __getattr__(name: str) -> Any:
-    """PEP 562: load the submodule that defines ``name`` on first use."""
-    if name not in _HOMES:
-        raise AttributeError(f"module 'nas.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"nas.report.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)

@@ -16,8 +16,9 @@ The public names below come from ``runner`` and are loaded on first use (PEP 562
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from nas.search.runner import SweepFailed, SweepResult, SweepStatus, run_sweep, sweep_status
@@ -25,14 +26,4 @@ if TYPE_CHECKING:
 __all__ = ["run_sweep", "SweepResult", "SweepFailed", "SweepStatus", "sweep_status"]
 
 
-def __getattr__(name: str) -> Any:
-    """PEP 562: load :mod:`nas.search.runner` on first use of a public name."""
-    if name not in __all__:
-        raise AttributeError(f"module 'nas.search' has no attribute {name!r}")
-    value = getattr(importlib.import_module("nas.search.runner"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), {name: "runner" for name in __all__})

@@ -24,8 +24,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 _HOMES = {
     "Arch": "arch", "LayerArch": "arch", "StackArch": "arch",
@@ -49,16 +50,7 @@ if TYPE_CHECKING:
     from nas.space.space import SearchSpace, format_count
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'nas.space' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"nas.space.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)
 
 
 __all__ = [

@@ -22,8 +22,9 @@ mlflow):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from nas.lazy import lazy_exports
 
 _MODULES = {
     "layout": ("tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
@@ -69,13 +70,4 @@ if TYPE_CHECKING:
     from nas.tracking.writers import leaderboard_table, write_leaderboard
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'nas.tracking' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"nas.tracking.{_HOMES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _HOMES)
