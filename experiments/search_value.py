@@ -1,0 +1,384 @@
+"""What a sweep is worth, measured: searched Pareto fronts against hand-designed Transformers (Multi30k En->De).
+
+Run (resumable; each result is its own JSON file under ``--out``, a killed run goes on with the next missing one)::
+
+    python experiments/search_value.py                       # every phase, then the report
+    python experiments/search_value.py --phase baselines     # one phase: baselines, quickstart, unified, tau, report
+
+Every model gets the quickstart's budget: ``train.steps`` (560) optimizer steps of ``train.max_tokens`` (4096)
+tokens, the same schedule (peak 1.5e-3, 150 warm-up steps, inverse square root) and precision. Scores: validation
+BLEU, chrF and loss (nats/token), ``latency_ms`` (batch 1, beam 4, one thread, median; the trials' own
+:func:`nas.search.trials.score_arch`) and ``params_m``; then BLEU and chrF on ``test_2016_flickr``.
+
+- ``baselines`` (a): four uniform Transformers a user would pick by hand inside the quickstart space (2 or 3
+  layers, model width 64 or 128, FFN 4x, one branch), each trained alone.
+- ``quickstart`` (b): ``nas sweep search_spaces/quickstart.yaml`` (supernet with the sandwich rule, 8 Optuna
+  TPE trials under ``latency_ms <= 30``); its feasible Pareto front with inherited weights; then up to 3 front
+  members retrained alone.
+- ``unified`` (c): the same for ``search_spaces/unified.yaml`` with the quickstart's ``train`` budget and
+  ``search`` section (so the same trials, metrics and budget).
+- ``tau``: ``nas fidelity`` on the unified supernet: 8 sub-Transformers spread over the space, inherited
+  against standalone (560 steps), Kendall tau and Spearman rho of validation loss (the primary score) and BLEU.
+- ``report``: reads only the JSON files and writes ``results.json``, ``results.md`` (the README's table) and
+  ``pareto.png``: hypervolume of each front for BLEU against latency from one reference point, (BLEU 0, the
+  sweep's latency budget of 30 ms), and which baselines each front dominates.
+
+Compute is reported as wall seconds on the machine that ran the phase (supernet plus search against the sum of
+the baselines' training); times taken while another job ran are flagged in the note, not corrected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PHASES = ("baselines", "quickstart", "unified", "tau", "report")
+BASELINES = {  # name: (layers per stack, model width, FFN width); one branch, the quickstart's vocabulary
+    "base-2L-64": (2, 64, 256),
+    "base-3L-64": (3, 64, 256),
+    "base-2L-128": (2, 128, 512),
+    "base-3L-128": (3, 128, 512),
+}
+BUDGET_MS = 30.0
+"""The quickstart's latency budget (``latency_ms <= 30``): the hypervolume's reference latency."""
+RETRAINED = 3
+"""Front members retrained alone, per front (the issue's cap)."""
+TEST = ("test_2016_flickr.en.gz", "test_2016_flickr.de.gz")
+
+
+def _write(path: Path, obj: Any) -> None:
+    from nas.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _read(path: Path) -> Any | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _lines(path: Path) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+# --------------------------------------------------------------------------- specs
+
+
+def _spec_yaml(space: str, work: Path, steps: int | None = None) -> Path:
+    """``<work>/<space>/sweep.yaml``: the space's YAML with the quickstart's train budget and search section."""
+    quick = yaml.safe_load((ROOT / "search_spaces" / "quickstart.yaml").read_text())
+    raw = yaml.safe_load((ROOT / "search_spaces" / f"{space}.yaml").read_text())
+    budget = {k: quick["train"][k] for k in ("steps", "max_tokens", "lr", "warmup_steps", "sandwich_k")}
+    raw["train"] = {**raw.get("train", {}), **budget, "checkpoint_every": 100}
+    raw["search"] = quick["search"]
+    for split in ("train", "valid"):  # the YAMLs name data relative to the repository root
+        raw["data"][split] = {k: str((ROOT / v).resolve()) for k, v in raw["data"][split].items()}
+    if steps is not None:  # a smoke run of the whole pipeline
+        raw["train"].update(steps=steps, warmup_steps=min(steps, raw["train"]["warmup_steps"]))
+        raw["search"] = {**raw["search"], "trials": 2, "valid_sentences": 40, "latency_sentences": 4,
+                         "points_to_evaluate": ["narrowest"]}
+    raw["name"] = f"value_{space}"
+    raw["workdir"] = str((work / "runs").resolve())
+    raw["tracking"] = {"experiment": f"search_value_{space}"}
+    path = work / space / "sweep.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = f"# written by experiments/search_value.py from search_spaces/{space}.yaml\n" + yaml.safe_dump(raw)
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+STEPS: int | None = None
+"""``--steps``: a smoke run's budget (None: the quickstart's)."""
+
+
+def _load(space: str, work: Path):
+    from nas.space import load_spec
+
+    path = _spec_yaml(space, work, STEPS)
+    return load_spec(path), path
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def _score(model, arch, spec, data) -> dict[str, float]:
+    """Validation scores and latency as a trial measures them, plus test_2016_flickr BLEU and chrF."""
+    from nas.eval.scores import corpus_scores, translate
+    from nas.search.trials import score_arch
+
+    scores = score_arch(model, arch, spec, data)
+    folder = ROOT.parent / "shared" / "data" / "multi30k"
+    src, ref = (_lines(folder / name)[:40 if STEPS else None] for name in TEST)
+    test = corpus_scores(translate(model, data.tokenizer(), src, arch, beam_size=spec.search.beam_size), ref)
+    return {**scores, "test_bleu": test.bleu, "test_chrf": test.chrf}
+
+
+def _train_alone(arch, spec, data, path: Path, extra: dict[str, Any]) -> dict[str, Any]:
+    """Train ``arch`` from scratch for ``train.steps`` steps, score it, write ``path``; reuse a stored result."""
+    from nas.builders import build_supernet
+    from nas.search.fidelity import standalone_model, train_standalone
+
+    stored = _read(path)
+    if stored is not None and stored.get("arch_id") == arch.arch_id:
+        return stored
+    supernet = build_supernet(spec, data.vocab_size)
+    model = standalone_model(supernet, arch, seed=0)
+    del supernet
+    print(f"training {arch.summary()} alone for {spec.train.steps} steps", file=sys.stderr, flush=True)
+    stats = train_standalone(model, arch, spec, data, spec.train.steps)
+    row = {**extra, "arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
+           "steps": spec.train.steps, **stats, **_score(model, arch, spec, data)}
+    _write(path, row)
+    print(f"  {path.name}: valid BLEU {row['bleu']:.2f}, loss {row['valid_loss']:.3f}, {row['latency_ms']:.1f} ms, "
+          f"{row['params_m']:.2f} M, {row['train_seconds']:.0f} s", file=sys.stderr, flush=True)
+    return row
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def phase_baselines(work: Path, out: Path) -> None:
+    from nas.builders import prepare_sweep_data
+    from nas.space.arch import Arch, StackArch
+
+    spec, _ = _load("quickstart", work)
+    data = prepare_sweep_data(spec)
+    for name, (layers, width, ffn) in BASELINES.items():
+        stack = StackArch(width=(width,) * layers, ffn_width=(ffn,) * layers)
+        _train_alone(Arch(encoder=stack, decoder=stack), spec, data, out / "baselines" / f"{name}.json",
+                     {"name": name})
+
+
+def _front(spec, results: Path) -> list[dict[str, Any]]:
+    """The feasible Pareto front (BLEU up, latency down) of the scored trials in ``results``."""
+    from nas.tracking.pareto import pareto_mask
+
+    trials = [t for t in (_read(p) for p in sorted(results.glob("*.json"))) if t is not None]
+    feasible = [t for t in trials if t.get("feasible", 1.0) == 1.0]
+    mask = pareto_mask([(t["bleu"], t["latency_ms"]) for t in feasible], [True, False])
+    front = {t["arch_id"]: t for t, keep in zip(feasible, mask) if keep}
+    return sorted(front.values(), key=lambda t: t["latency_ms"])
+
+
+def phase_sweep(space: str, work: Path, out: Path) -> None:
+    """Sweep, front with inherited weights (test set added), then up to :data:`RETRAINED` members retrained."""
+    from nas.builders import prepare_sweep_data
+    from nas.model.io import load_model
+    from nas.search import run_sweep
+    from nas.search.runner import read_sweep_record, results_dir
+    from nas.space.arch import Arch
+
+    spec, path = _load(space, work)
+    folder = out / space
+    sweep_file = folder / "sweep.json"
+    sweep = _read(sweep_file)
+    if sweep is None:
+        t0 = time.perf_counter()
+        result = run_sweep(spec, path, resume=read_sweep_record(spec.run_dir.resolve()) is not None)
+        seconds = time.perf_counter() - t0
+        supernet_s = float(result.supernet_metrics.get("train_seconds", float("nan")))
+        sweep = {"space": space, "sweep_id": result.sweep_id, "seconds": seconds, "supernet_seconds": supernet_s,
+                 "trials_completed": result.trials_completed, "trials_failed": result.trials_failed,
+                 "supernet_metrics": result.supernet_metrics}
+        _write(sweep_file, sweep)
+    data = prepare_sweep_data(spec)
+    trials = results_dir(spec, sweep["sweep_id"])
+    front_file = folder / "front.json"
+    front = _read(front_file)
+    if front is None:
+        supernet = load_model(spec.run_dir / "supernet", "supernet")
+        front = []
+        for t in _front(spec, trials):
+            arch = Arch.from_json(t["arch"])
+            print(f"{space}: scoring front member {arch.summary()} on the test set", file=sys.stderr, flush=True)
+            front.append({**_score(supernet, arch, spec, data), "arch_id": t["arch_id"],
+                          "arch_summary": t["arch_summary"], "arch": arch.to_dict(),
+                          "trial": {k: t[k] for k in ("bleu", "chrf", "valid_loss", "latency_ms", "params_m")}})
+        _write(front_file, front)
+        _write(folder / "trials.json", [_read(p) for p in sorted(trials.glob("*.json"))])
+    for member in _pick(front, RETRAINED):
+        arch = Arch.from_dict(member["arch"])
+        _train_alone(arch, spec, data, folder / f"retrained_{arch.arch_id}.json", {"space": space})
+
+
+def _pick(front: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """At most ``k`` front members spread along it: the fastest, the best BLEU, the ones between by latency."""
+    if len(front) <= k:
+        return list(front)
+    idx = sorted({round(i * (len(front) - 1) / (k - 1)) for i in range(k)})
+    return [front[i] for i in idx]
+
+
+def phase_tau(work: Path, out: Path) -> None:
+    from nas.builders import prepare_sweep_data
+    from nas.search.fidelity import rank_correlation, run_fidelity
+
+    spec, _ = _load("unified", work)
+    data = prepare_sweep_data(spec)
+    result = run_fidelity(spec, data, k=8, steps=spec.train.steps, metric="valid_loss",
+                          out_dir=out / "unified" / "fidelity", progress=False)
+    rows = result.rows
+    bleu = rank_correlation([r["inherited"]["bleu"] for r in rows], [r["standalone"]["bleu"] for r in rows])
+    _write(out / "unified" / "tau.json", {"valid_loss": result.correlation._asdict(), "bleu": bleu._asdict(),
+                                          "k": len(rows), "steps": result.steps})
+
+
+# --------------------------------------------------------------------------- report
+
+
+def hypervolume(points: list[tuple[float, float]], ref_latency: float, ref_bleu: float = 0.0) -> float:
+    """Area (BLEU x ms) dominated by ``(bleu, latency_ms)`` points, BLEU maximised and latency minimised, inside
+    the reference box ``bleu >= ref_bleu``, ``latency <= ref_latency``; points outside it add nothing."""
+    inside = sorted((lat, b) for b, lat in points if lat <= ref_latency and b >= ref_bleu)
+    area, best = 0.0, ref_bleu
+    for lat, b in inside:  # by latency: each point adds the strip of BLEU it raises, up to the reference latency
+        if b > best:
+            area += (b - best) * (ref_latency - lat)
+            best = b
+    return area
+
+
+def _dominated(p: dict[str, Any], front: list[dict[str, Any]], bleu: str) -> bool:
+    """Some front member is at least as good as ``p`` in BLEU and latency (a tie counts)."""
+    return any(f[bleu] >= p[bleu] and f["latency_ms"] <= p["latency_ms"] for f in front)
+
+
+def phase_report(out: Path) -> dict[str, Any]:
+    from nas.search.fidelity import rank_correlation
+
+    baselines = [r for r in (_read(out / "baselines" / f"{n}.json") for n in BASELINES) if r is not None]
+    sets: dict[str, list[dict[str, Any]]] = {"baselines": baselines}
+    compute = {"baselines_seconds": sum(r["train_seconds"] for r in baselines)}
+    for space in ("quickstart", "unified"):
+        front = _read(out / space / "front.json")
+        if front is None:
+            continue
+        sets[f"{space} inherited"] = front
+        retrained = [r for r in (_read(p) for p in sorted((out / space).glob("retrained_*.json"))) if r is not None]
+        if retrained:
+            sets[f"{space} retrained"] = retrained
+        sweep = _read(out / space / "sweep.json") or {}
+        compute[f"{space}_sweep_seconds"] = sweep.get("seconds")
+        compute[f"{space}_supernet_seconds"] = sweep.get("supernet_seconds")
+        compute[f"{space}_retrain_seconds"] = sum(r["train_seconds"] for r in retrained)
+    table = {}
+    for name, rows in sets.items():
+        table[name] = {
+            "hypervolume_valid": hypervolume([(r["bleu"], r["latency_ms"]) for r in rows], BUDGET_MS),
+            "hypervolume_test": hypervolume([(r["test_bleu"], r["latency_ms"]) for r in rows], BUDGET_MS),
+            "dominates_baselines_valid": sum(_dominated(b, rows, "bleu") for b in baselines) if name != "baselines"
+            else None,
+            "dominates_baselines_test": sum(_dominated(b, rows, "test_bleu") for b in baselines)
+            if name != "baselines" else None,
+            "points": [{k: r.get(k) for k in ("name", "arch_summary", "params_m", "latency_ms", "bleu", "chrf",
+                                              "valid_loss", "test_bleu", "test_chrf")} for r in rows],
+        }
+    tau = _read(out / "unified" / "tau.json")
+    results = {"reference_point": {"bleu": 0.0, "latency_ms": BUDGET_MS}, "baselines": len(baselines),
+               "fronts": table, "compute_seconds": compute, "tau_unified": tau}
+    _write(out / "results.json", results)
+    (out / "results.md").write_text(_markdown(results))
+    (out / "pareto.png").write_bytes(_plot(sets))
+    print(_markdown(results))
+    return results
+
+
+def _markdown(results: dict[str, Any]) -> str:
+    lines = ["| set | point | params (M) | latency (ms) | valid BLEU | valid loss | test BLEU | test chrF |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, entry in results["fronts"].items():
+        for p in entry["points"]:
+            label = p.get("name") or p["arch_summary"]
+            lines.append(f"| {name} | `{label}` | {p['params_m']:.2f} | {p['latency_ms']:.1f} | {p['bleu']:.2f} | "
+                         f"{p['valid_loss']:.3f} | {p['test_bleu']:.2f} | {p['test_chrf']:.2f} |")
+    lines += ["", f"Hypervolume (BLEU x ms) from the reference point (BLEU 0, {BUDGET_MS:.0f} ms); baselines "
+              f"dominated (of {results['baselines']}):", "",
+              "| set | hypervolume, valid BLEU | hypervolume, test BLEU | dominates (valid) | dominates (test) |",
+              "| --- | --- | --- | --- | --- |"]
+    for name, e in results["fronts"].items():
+        dom = lambda v: "-" if v is None else str(v)
+        lines.append(f"| {name} | {e['hypervolume_valid']:.1f} | {e['hypervolume_test']:.1f} | "
+                     f"{dom(e['dominates_baselines_valid'])} | {dom(e['dominates_baselines_test'])} |")
+    c = results["compute_seconds"]
+    lines += ["", "Compute (wall seconds): " + ", ".join(f"{k} {v:.0f}" for k, v in c.items() if v is not None)]
+    tau = results.get("tau_unified")
+    if tau:
+        lines += ["", f"Unified space, {tau['k']} sub-Transformers, inherited vs standalone ({tau['steps']} steps): "
+                  f"validation loss Kendall tau {tau['valid_loss']['kendall_tau']:.2f}, Spearman rho "
+                  f"{tau['valid_loss']['spearman_rho']:.2f}; BLEU tau {tau['bleu']['kendall_tau']:.2f}, rho "
+                  f"{tau['bleu']['spearman_rho']:.2f}"]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(sets: dict[str, list[dict[str, Any]]]) -> bytes:
+    import io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.2, 4.8), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    styles = {"baselines": ("k", "s", ""), "quickstart inherited": ("tab:blue", "o", "--"),
+              "quickstart retrained": ("tab:blue", "^", "-"), "unified inherited": ("tab:orange", "o", "--"),
+              "unified retrained": ("tab:orange", "^", "-")}
+    for name, rows in sets.items():
+        color, marker, line = styles.get(name, ("tab:gray", "x", ""))
+        pts = sorted((r["latency_ms"], r["bleu"]) for r in rows)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle=line or "none", color=color,
+                label=name)
+    ax.axvline(BUDGET_MS, color="gray", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("latency (ms per sentence, batch 1, beam 4, 1 thread)")
+    ax.set_ylabel("validation BLEU (Multi30k En-De)")
+    ax.set_title("Searched fronts against hand-designed Transformers (same training budget)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--phase", nargs="*", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--out", default=str(ROOT / "experiments" / "search_value"), help="result JSON files")
+    ap.add_argument("--work", default=str(ROOT / "experiments" / "out" / "search_value"),
+                    help="supernets, sweeps and MLflow store (not committed)")
+    ap.add_argument("--steps", type=int, default=None, help="smoke run: this many steps, 2 trials, 40 sentences")
+    args = ap.parse_args()
+    global STEPS
+    STEPS = args.steps
+    out, work = Path(args.out), Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{(work / 'mlflow.db').resolve()}")
+    for phase in args.phase:
+        t0 = time.perf_counter()
+        if phase == "baselines":
+            phase_baselines(work, out)
+        elif phase in ("quickstart", "unified"):
+            phase_sweep(phase, work, out)
+        elif phase == "tau":
+            phase_tau(work, out)
+        else:
+            phase_report(out)
+        print(f"phase {phase}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
