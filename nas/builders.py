@@ -20,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 from nas.data import PreparedData, prepare_data
 from nas.model.supernet import SuperTransformer
+from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import SearchSpec, SweepSpec
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["supernet_config", "build_supernet", "prepare_sweep_data", "build_space", "build_sampler"]
+__all__ = ["supernet_config", "build_supernet", "prepare_sweep_data", "build_space", "build_sampler",
+           "relative_positions", "RELATIVE_DEFAULT"]
 
 
 def build_space(spec: SweepSpec) -> SearchSpace:
@@ -46,7 +48,20 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
                 max_arch=maxima.to_dict(),
                 dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.drop_branch,
                 max_positions=sn.max_positions, pad_id=0, more_features=sn.more_features,
-                unit_bias_rate=spec.train.unit_bias_rate, io_projection=spec.io_projection)
+                unit_bias_rate=spec.train.unit_bias_rate, io_projection=spec.io_projection,
+                relative_positions=relative_positions(spec, maxima))
+
+
+RELATIVE_DEFAULT = 16
+"""Shaw et al.'s clipping distance k used when the supernet has MUTE units and ``supernet.relative_positions``
+is not set."""
+
+
+def relative_positions(spec: SweepSpec, maxima: Arch) -> int:
+    """``supernet.relative_positions``, else :data:`RELATIVE_DEFAULT` when an encoder layer has MUTE units, else 0."""
+    if spec.supernet.relative_positions is not None:
+        return spec.supernet.relative_positions
+    return RELATIVE_DEFAULT if max(maxima.encoder.units) > 1 else 0
 
 
 def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:

@@ -49,6 +49,14 @@ class MultiBranchAttention(nn.Module):
     With ``head_dim=None`` (models saved before it existed) the head count is fixed instead:
     ``heads`` heads of ``D_l / heads`` channels.
 
+    With ``relative=k > 0`` self-attention adds relative position representations (Shaw et al. 2018,
+    "Self-Attention with Relative Position Representations", eq. 3-4 with the clipping of eq. 5-6):
+    ``e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_h)`` and ``z_i = sum_j alpha_ij (v_j + a^V_ij)``, where
+    ``a_ij = w_clip(j - i, k)`` is one of ``2k + 1`` learned vectors of ``d_h`` channels, shared by the heads,
+    branches and paths of a MUTE unit (one table per unit). MUTE (sec. 4, "Model and Hyper-parameters") runs its
+    units on relative positions because swap and disorder change nothing for a unit that sees positions only at
+    its input. The absolute sinusoids at the embedding are kept (adapted: MUTE does not say whether it removed them).
+
     Args:
         model_dim: C, the model width (channels).
         max_width: D, the widest attention width (channels), divisible by ``head_dim`` (or ``heads``).
@@ -57,15 +65,15 @@ class MultiBranchAttention(nn.Module):
         max_paths: the most paths (Multi-Path).
         max_units: the most MUTE units.
 
-    Raises:
         head_dim: the width of one head (channels), or None (fixed head count).
+        relative: Shaw et al.'s clipping distance k (positions), or 0: no relative positions.
 
     Raises:
         ValueError: ``max_width`` not divisible by ``head_dim`` (or ``heads``).
     """
 
     def __init__(self, model_dim: int, max_width: int, max_branches: int, heads: int, max_paths: int = 1,
-                 max_units: int = 1, head_dim: int | None = None) -> None:
+                 max_units: int = 1, head_dim: int | None = None, relative: int = 0) -> None:
         super().__init__()
         if max_width % (head_dim or heads):
             what = f"head_dim={head_dim}" if head_dim else f"heads={heads}"
@@ -80,6 +88,11 @@ class MultiBranchAttention(nn.Module):
         bound_in = math.sqrt(6.0 / (model_dim + 3 * max_width))  # xavier over the fused [3D, C] matrix
         nn.init.uniform_(self.w_in, -bound_in, bound_in)
         nn.init.uniform_(self.w_out, -1.0 / math.sqrt(max_width), 1.0 / math.sqrt(max_width))
+        self.relative = relative
+        if relative:  # Shaw et al. eq. 5-6: w^K, w^V [U, 2k+1, d_h]
+            dh = head_dim or max_width // heads
+            self.rel_k = nn.Parameter(torch.randn(max_units, 2 * relative + 1, dh) * dh ** -0.5)
+            self.rel_v = nn.Parameter(torch.randn(max_units, 2 * relative + 1, dh) * dh ** -0.5)
 
     def heads_of(self, width: int) -> int:
         """Heads per branch of a ``width``-channel attention: ``width / head_dim`` (or the fixed ``heads``)."""
@@ -176,7 +189,10 @@ class MultiBranchAttention(nn.Module):
                 q = apply(xs, w.proj).view(groups, bsz, t, nb, width)
                 k, v = self.memory_kv(memory, w)  # [G, b, B*h, s, dh]
             mask = None if key_pad is None else ~key_pad[None, :, None, None, :]  # [1, b, 1, 1, s], True = attend
-            o = attend(self._heads(q), k, v, mask, causal=causal, dropout_p=dropout)  # [G, b, B*h, t, dh]
+            if self.relative and not cross:
+                o = self._relative(self._heads(q), k, v, mask, causal, units, dropout)
+            else:
+                o = attend(self._heads(q), k, v, mask, causal=causal, dropout_p=dropout)  # [G, b, B*h, t, dh]
             o = o.transpose(2, 3).reshape(groups, bsz, t, nb * width)  # [G, b, t, B*D]
         if branch_scale is None:  # the 1/B average folded into the (small) weight, not the activations
             return apply(o, w.out)
@@ -231,6 +247,29 @@ class MultiBranchAttention(nn.Module):
         if t == 1:
             return o.view(groups, bsz, 1, -1)
         return o.view(groups, bsz, heads, t, -1).transpose(2, 3).reshape(groups, bsz, t, -1)
+
+    def _relative(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool,
+                  units: int, dropout: float) -> torch.Tensor:
+        """Self-attention with relative position representations (Shaw et al. 2018, eq. 3-6).
+
+        ``q, k, v [G, b, H, t, dh]`` (G = units x paths, unit-major; H = branches x heads), ``mask`` as in
+        :func:`~nas.model.ops.attend` -> ``[G, b, H, t, dh]``. Unit u's groups use table ``u``, cropped to
+        ``dh`` channels."""
+        groups, _, _, t, dh = q.shape
+        ar = torch.arange(t, device=q.device)
+        idx = (ar[None, :] - ar[:, None]).clamp(-self.relative, self.relative) + self.relative  # [t, t]: clip(j - i)
+        per = groups // units
+        rk = self.rel_k[:units, :, :dh].repeat_interleave(per, 0).to(q.dtype)  # [G, 2k+1, dh]
+        rv = self.rel_v[:units, :, :dh].repeat_interleave(per, 0).to(q.dtype)
+        rel = torch.einsum("gbhtd,grd->gbhtr", q, rk)  # q_i . w^K_r
+        scores = q @ k.transpose(-1, -2) + rel.gather(-1, idx.expand(*rel.shape[:-1], t))  # eq. 4 numerator
+        scores = scores * dh ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        if causal:
+            scores = scores.masked_fill(idx > self.relative, float("-inf"))  # j > i
+        probs = F.dropout(torch.softmax(scores, -1), dropout, True) if dropout > 0.0 else torch.softmax(scores, -1)
+        return probs @ v + torch.einsum("gbhts,gtsd->gbhtd", probs, rv[:, idx])  # eq. 3
 
     def _heads(self, z: torch.Tensor) -> torch.Tensor:
         """``[G, b, t, B, D] -> [G, b, B*h, t, D/h]``: branches become extra attention heads."""

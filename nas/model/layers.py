@@ -70,13 +70,14 @@ class _UnifiedLayer(nn.Module):
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int, more_features: bool, layout: str, kernel_sizes: tuple[int, ...], max_units: int,
-                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool, head_dim: int | None = None) -> None:
+                 unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool, head_dim: int | None = None,
+                 relative: int = 0) -> None:
         super().__init__()
         self.layouts = tuple(layout.split("+"))
         self.unit_bias_rate = unit_bias_rate
-        for name in sublayers:
+        for name in sublayers:  # relative positions in self-attention only (the first sublayer)
             self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units,
-                                                       head_dim))
+                                                       head_dim, relative if name == sublayers[0] else 0))
         self.ffn = ElasticFFN(model_dim, max_ffn_width, max_paths, max_units)
         if "sequential" in self.layouts:
             for name in (*sublayers, "ffn"):
@@ -156,19 +157,24 @@ class EncoderLayer(_UnifiedLayer):
       convolution sharing the attention's value projection; Prime-simple (eq. 1) when K is empty.
     - units (MUTE): per-unit input noise in training mode (sec. 3.2), combined by eq. 10 or with
       sequential dependency (eq. 13-16).
+    - ``relative > 0``: the self-attention adds relative position representations (Shaw et al. 2018,
+      eq. 3-6; :class:`~nas.model.attention.MultiBranchAttention`), as MUTE's encoders do (sec. 4), so
+      that a unit's swap or disorder bias changes what it computes, not only the order of its output rows.
 
     Args:
         layout: the layouts this layer supports: ``sequential``, ``prime`` or ``sequential+prime``.
         kernel_sizes: convolution kernel sizes it supports (Prime).
         max_units: the most MUTE units; unit_bias_rate: p_beta, the rate biases are switched on.
+        relative: Shaw et al.'s clipping distance k (positions); 0: absolute positions only.
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
                  kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
-                 head_dim: int | None = None) -> None:
+                 head_dim: int | None = None, relative: int = 0) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
-                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False, head_dim=head_dim)
+                         kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False, head_dim=head_dim,
+                         relative=relative)
 
     def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 reg: Regularization | None = None) -> torch.Tensor:

@@ -58,6 +58,9 @@ class SuperTransformer(nn.Module):
             ``D / head_dim`` heads per branch, the widest's leading heads, each at temperature
             ``1/sqrt(head_dim)`` (Scalable Transformers sec. 4.1). None: the legacy fixed head count
             (``heads`` heads of ``D / heads`` channels at every width), for models saved before it existed.
+        relative_positions: the clipping distance k of the encoder self-attention's relative position
+            representations (Shaw et al. 2018, eq. 3-6), as MUTE's encoders use (sec. 4); 0: none (absolute
+            sinusoids only, as models saved before it existed).
 
     Raises:
         ValueError: a width not divisible by ``head_dim`` (or ``heads``); ``embed_dim != model_dim`` without
@@ -67,10 +70,11 @@ class SuperTransformer(nn.Module):
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
                  pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0,
-                 io_projection: bool = False, embed_dim: int | None = None, head_dim: int | None = None) -> None:
+                 io_projection: bool = False, embed_dim: int | None = None, head_dim: int | None = None,
+                 relative_positions: int = 0) -> None:
         super().__init__()
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
-        self.head_dim = head_dim
+        self.head_dim, self.relative_positions = head_dim, relative_positions
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.unit_bias_rate, self.io_projection = unit_bias_rate, io_projection
@@ -92,7 +96,8 @@ class SuperTransformer(nn.Module):
         kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate, head_dim=head_dim)
         layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
                                max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, max_units=d.units, **kw)
-        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d)) for d in max_arch.encoder.layer_dims())
+        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d), relative=relative_positions)
+                                     for d in max_arch.encoder.layer_dims())
         self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, **layer(d)) for d in max_arch.decoder.layer_dims())
         self.encoder_norm = nn.LayerNorm(model_dim)
         self.decoder_norm = nn.LayerNorm(model_dim)
@@ -105,7 +110,8 @@ class SuperTransformer(nn.Module):
                     max_positions=self.max_positions, pad_id=self.pad_id, more_features=self.more_features,
                     unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection,
                     **({"embed_dim": self.embed_dim} if self.embed_dim != self.model_dim else {}),
-                    **({"head_dim": self.head_dim} if self.head_dim is not None else {}))
+                    **({"head_dim": self.head_dim} if self.head_dim is not None else {}),
+                    **({"relative_positions": self.relative_positions} if self.relative_positions else {}))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":

@@ -86,6 +86,11 @@ class SupernetSpec(_Strict):
     """Kernel sizes (odd) of the Prime convolution cells; default: those used in ``space.kernels``."""
     units: int | None = Field(None, ge=1)
     """Most MUTE units per layer; default: the largest value in ``space.units``."""
+    relative_positions: int | None = Field(None, ge=0)
+    """Clipping distance k (positions) of the encoder self-attention's relative position representations
+    (Shaw et al. 2018, eq. 3-6); 0: none. Default: 16 when the supernet has MUTE units (MUTE sec. 4 runs its
+    units on relative positions: swap and disorder biases do nothing to a unit that sees positions only at its
+    input), else 0."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
