@@ -151,15 +151,36 @@ class SearchSpace:
             stacks[stack] = StackArch(**{name: tuple(r[name] for r in rows) for name in ORDER})
         return Arch(**stacks, model_width=model_width)
 
-    def widest(self) -> Arch:
-        """The largest sub-Transformer (sandwich rule's upper end): deepest, widest, most branches,
-        paths and units; the first listed layout, bias and dependency (sequential layout when the
-        space has it: Prime layers have one path)."""
-        return self._uniform(lambda name, values: values[0] if _dimension(name) in STRING_DIMENSIONS else values[-1])
+    @property
+    def layouts(self) -> tuple[str, ...]:
+        """The layer layouts the space chooses from (``sequential`` first when it has it)."""
+        return self.dims["layout"]
 
-    def narrowest(self) -> Arch:
-        """The smallest sub-Transformer of the space (the sandwich rule's lower end)."""
-        return self._uniform(lambda _name, values: values[0])
+    def widest(self, layout: str | None = None) -> Arch:
+        """The largest sub-Transformer (sandwich rule's upper end): deepest, widest, most branches,
+        paths and units; the first listed bias and dependency, and every layer in ``layout`` (default:
+        the first of :attr:`layouts`, sequential when the space has it: Prime layers have one path).
+
+        Raises:
+            ValueError: ``layout`` is not one of :attr:`layouts`.
+        """
+        first = self._first(layout)
+        return self._uniform(lambda name, values: first(name, values) if _dimension(name) in STRING_DIMENSIONS
+                             else values[-1])
+
+    def narrowest(self, layout: str | None = None) -> Arch:
+        """The smallest sub-Transformer of the space (the sandwich rule's lower end), every layer in
+        ``layout`` (default: the first of :attr:`layouts`). Raises ValueError as :meth:`widest`."""
+        first = self._first(layout)
+        return self._uniform(lambda name, values: first(name, values) if _dimension(name) in STRING_DIMENSIONS
+                             else values[0])
+
+    def _first(self, layout: str | None):
+        """The choice of a name-valued dimension for :meth:`widest`/:meth:`narrowest`: ``layout`` for the
+        layout, else the first listed value."""
+        if layout is not None and layout not in self.layouts:
+            raise ValueError(f"layout {layout!r} is not in the space; it has {', '.join(self.layouts)}")
+        return lambda name, values: layout if layout is not None and _dimension(name) == "layout" else values[0]
 
     def middle(self) -> Arch:
         """A reference sub-Transformer between the two ends: the middle value of every numeric choice

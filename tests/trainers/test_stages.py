@@ -292,6 +292,34 @@ def test_sandwich_k_0_trains_only_the_two_ends():
     assert out.sampled == 0.0
 
 
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_the_sandwich_ends_take_every_layout_in_turn(name):
+    """Issue 14 part 1.4: with sequential and Prime layers in the space, a Prime layer must be at the ends of
+    the sandwich as often as a sequential one (not only when a random draw picks it)."""
+    raw = _raw(stages=[CASES[name][0]], sandwich_k=0)
+    raw["supernet"] = {**raw["supernet"], "kernels": [3]}
+    raw["space"] = {**raw["space"], "layout": {"values": ["sequential", "prime"], "per_layer": True},
+                    "kernels": {"values": [[], [3]], "per_layer": True, "when": {"layout": "prime"}}}
+    spec = parse_spec(raw)
+    space = SearchSpace.from_spec(spec)
+    torch.manual_seed(0)
+    model = build_supernet(spec, VOCAB).train()
+    stage = build_stage(name, StageContext(spec, SandwichArchs(space, random.Random(SEED), 0), nullcontext()))
+    forwards = Forwards(model)
+    batch = _batch(1)
+    seen = []
+    for step in range(4):
+        forwards.calls.clear()
+        stage.step(model, [batch], StepInfo(step, batch.ntokens, stage_at(spec.train.stage_plan, step)))
+        seen.append([set(a.encoder.layout + a.decoder.layout) for a in forwards.archs])
+    assert seen == [[{"sequential"}] * 2, [{"prime"}] * 2] * 2
+    ends = [space.widest("prime"), space.narrowest("prime")]
+    assert all(layer.layout == "prime" for a in ends for layer in a.encoder.layer_dims())
+    assert ends[0].encoder.kernels[0] == (3,) and ends[1].encoder.kernels[0] == ()
+    with pytest.raises(ValueError, match="layout 'diagonal' is not in the space"):
+        space.widest("diagonal")
+
+
 # ---- regularisation is passed, not set --------------------------------------------------------------------
 
 def _model_regularisation(model):

@@ -24,7 +24,14 @@ __all__ = ["Stage", "StepInfo", "StepOutput", "StageContext"]
 
 @dataclass
 class SandwichArchs:
-    """The sub-Transformers of one sandwich step: the widest, the narrowest and ``k`` drawn from ``rng``."""
+    """The sub-Transformers of one sandwich step: the widest, the narrowest and ``k`` drawn from ``rng``.
+
+    In a space with several layer layouts (sequential and Prime) the two ends take each layout in turn,
+    step by step: with only the sequential ends a Prime layer would train only when a random draw picks
+    it (about 1/6 of the forward passes with ``sandwich_k: 1`` in ``unified.yaml``), against every pass
+    for the sequential weights. The sandwich rule (Yu & Huang 2019, sec. 3.2) trains the largest and the
+    smallest sub-network every step; here every layout gets its own largest and smallest.
+    """
 
     space: SearchSpace
     rng: random.Random
@@ -33,11 +40,14 @@ class SandwichArchs:
     """Randomly sampled sub-Transformers per step (``train.sandwich_k``)."""
 
     def __post_init__(self) -> None:
-        self.widest, self.narrowest = self.space.widest(), self.space.narrowest()
+        self.ends = [(self.space.widest(layout), self.space.narrowest(layout)) for layout in self.space.layouts]
+        self.widest, self.narrowest = self.ends[0]
 
-    def draw(self) -> list[Arch]:
-        """``[widest, narrowest, k random]``: ``k`` draws from ``rng``."""
-        return [self.widest, self.narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
+    def draw(self, step: int = 0) -> list[Arch]:
+        """``[widest, narrowest, k random]`` of optimizer step ``step`` (0-based): the ends in layout
+        ``layouts[step % len(layouts)]`` (every layer), then ``k`` draws from ``rng``."""
+        widest, narrowest = self.ends[step % len(self.ends)]
+        return [widest, narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
 
 
 @dataclass(frozen=True)

@@ -24,5 +24,5 @@ class JointTraining:
     def step(self, model: SuperTransformer, batches: Sequence[Batch], step: StepInfo) -> StepOutput:
         """See :meth:`trainers.stages.Stage.step`."""
         c = self.context
-        return sandwich_step(model, batches, c.archs.draw(), None, c.spec, c.autocast, step.ntokens,
+        return sandwich_step(model, batches, c.archs.draw(step.step), None, c.spec, c.autocast, step.ntokens,
                              step=step.step, penalty=c.penalty)

@@ -33,5 +33,5 @@ class SequenceDistillation:
             raise ValueError(f"step {step.step}: sequence distillation needs a position in a seq_distill stage, "
                              f"got {step.position}")
         c = self.context
-        return sandwich_step(model, batches, c.archs.draw(), stage.lambda_3, c.spec, c.autocast, step.ntokens,
+        return sandwich_step(model, batches, c.archs.draw(step.step), stage.lambda_3, c.spec, c.autocast, step.ntokens,
                              step=step.step, penalty=c.penalty)

@@ -32,5 +32,5 @@ class WordDistillation:
             raise ValueError(f"step {step.step}: word distillation needs a position in a word_distill stage, "
                              f"got {step.position}")
         c = self.context
-        return sandwich_step(model, batches, c.archs.draw(), lam, c.spec, c.autocast, step.ntokens,
+        return sandwich_step(model, batches, c.archs.draw(step.step), lam, c.spec, c.autocast, step.ntokens,
                              step=step.step, penalty=c.penalty)
