@@ -17,8 +17,11 @@ BLEU, chrF and loss (nats/token), ``latency_ms`` (batch 1, beam 4, one thread, m
   members retrained alone.
 - ``unified`` (c): the same for ``search_spaces/unified.yaml`` with the quickstart's ``train`` budget and
   ``search`` section (so the same trials, metrics and budget).
-- ``tau``: ``nas fidelity`` on the unified supernet: 8 sub-Transformers spread over the space, inherited
-  against standalone (560 steps), Kendall tau and Spearman rho of validation loss (the primary score) and BLEU.
+- ``tau``: 8 sub-Transformers of the unified space, inherited against standalone (560 steps): the retrained
+  front members and the rest spread over the space as ``nas fidelity`` spreads them; Kendall tau and Spearman
+  rho of validation loss (the primary score) and BLEU.
+- ``latency``: every point's ``latency_ms`` measured again, one after another with nothing else running (the
+  earlier phases measured beside other work on the 2 cores): ``latency_quiet.json``; the report uses it.
 - ``report``: reads only the JSON files and writes ``results.json``, ``results.md`` (the README's table) and
   ``pareto.png``: hypervolume of each front for BLEU against latency from one reference point, (BLEU 0, the
   sweep's latency budget of 30 ms), and which baselines each front dominates.
@@ -43,7 +46,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PHASES = ("baselines", "quickstart", "unified", "tau", "report")
+PHASES = ("baselines", "quickstart", "unified", "tau", "latency", "report")
 BASELINES = {  # name: (layers per stack, model width, FFN width); one branch, the quickstart's vocabulary
     "base-2L-64": (2, 64, 256),
     "base-3L-64": (3, 64, 256),
@@ -54,6 +57,8 @@ BUDGET_MS = 30.0
 """The quickstart's latency budget (``latency_ms <= 30``): the hypervolume's reference latency."""
 RETRAINED = 3
 """Front members retrained alone, per front (the issue's cap)."""
+TAU_ARCHS = 8
+"""Unified sub-Transformers whose inherited and standalone scores are rank-correlated."""
 TEST = ("test_2016_flickr.en.gz", "test_2016_flickr.de.gz")
 
 
@@ -102,6 +107,8 @@ def _spec_yaml(space: str, work: Path, steps: int | None = None) -> Path:
     return path
 
 
+MODELS = Path("models")
+"""``<work>/models``: the weights of every model trained alone (set by :func:`main`)."""
 STEPS: int | None = None
 """``--steps``: a smoke run's budget (None: the quickstart's)."""
 
@@ -129,8 +136,10 @@ def _score(model, arch, spec, data) -> dict[str, float]:
 
 
 def _train_alone(arch, spec, data, path: Path, extra: dict[str, Any]) -> dict[str, Any]:
-    """Train ``arch`` from scratch for ``train.steps`` steps, score it, write ``path``; reuse a stored result."""
+    """Train ``arch`` from scratch for ``train.steps`` steps, score it, write ``path`` (and its weights under
+    ``<work>/models/``, for the ``latency`` phase); reuse a stored result."""
     from nas.builders import build_supernet
+    from nas.model.io import save_model
     from nas.search.fidelity import standalone_model, train_standalone
 
     stored = _read(path)
@@ -143,6 +152,7 @@ def _train_alone(arch, spec, data, path: Path, extra: dict[str, Any]) -> dict[st
     stats = train_standalone(model, arch, spec, data, spec.train.steps)
     row = {**extra, "arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
            "steps": spec.train.steps, **stats, **_score(model, arch, spec, data)}
+    save_model(model, MODELS, f"{path.parent.name}_{path.stem}")
     _write(path, row)
     print(f"  {path.name}: valid BLEU {row['bleu']:.2f}, loss {row['valid_loss']:.3f}, {row['latency_ms']:.1f} ms, "
           f"{row['params_m']:.2f} M, {row['train_seconds']:.0f} s", file=sys.stderr, flush=True)
@@ -225,17 +235,84 @@ def _pick(front: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
 
 
 def phase_tau(work: Path, out: Path) -> None:
-    from nas.builders import prepare_sweep_data
-    from nas.search.fidelity import rank_correlation, run_fidelity
+    """Kendall tau and Spearman rho between inherited and standalone scores of 8 unified sub-Transformers: the
+    retrained front members and :func:`nas.search.fidelity.spread_archs` over the space for the rest (the
+    narrowest, the widest and ones evenly spaced in parameter count between)."""
+    from nas.builders import build_space, prepare_sweep_data
+    from nas.model.io import load_model
+    from nas.model.supernet import count_params, extract
+    from nas.search.fidelity import rank_correlation, score_model, spread_archs
 
     spec, _ = _load("unified", work)
     data = prepare_sweep_data(spec)
-    result = run_fidelity(spec, data, k=8, steps=spec.train.steps, metric="valid_loss",
-                          out_dir=out / "unified" / "fidelity", progress=False)
-    rows = result.rows
-    bleu = rank_correlation([r["inherited"]["bleu"] for r in rows], [r["standalone"]["bleu"] for r in rows])
-    _write(out / "unified" / "tau.json", {"valid_loss": result.correlation._asdict(), "bleu": bleu._asdict(),
-                                          "k": len(rows), "steps": result.steps})
+    supernet = load_model(spec.run_dir / "supernet", "supernet")
+    front = {p["arch_id"]: p for p in _read(out / "unified" / "front.json") or []}
+    rows = []
+    for f in sorted((out / "unified").glob("retrained_*.json")):
+        alone = _read(f)
+        rows.append({"arch_id": alone["arch_id"], "arch_summary": alone["arch_summary"], "params_m": alone["params_m"],
+                     "source": "front", "inherited": {k: front[alone["arch_id"]][k] for k in ("bleu", "valid_loss")},
+                     "standalone": {k: alone[k] for k in ("bleu", "valid_loss")}})
+    need = TAU_ARCHS - len(rows)
+    archs = spread_archs(build_space(spec), need, lambda a: count_params(extract(supernet, a)), seed=0)
+    folder = out / "unified" / "tau"
+    for arch in archs:
+        if arch.arch_id in {r["arch_id"] for r in rows}:
+            continue
+        inherited = _read(folder / f"inherited_{arch.arch_id}.json")
+        if inherited is None:
+            inherited = score_model(supernet, arch, spec, data)
+            _write(folder / f"inherited_{arch.arch_id}.json", inherited)
+        alone = _train_alone(arch, spec, data, folder / f"standalone_{arch.arch_id}.json", {"space": "unified"})
+        rows.append({"arch_id": arch.arch_id, "arch_summary": arch.summary(), "params_m": alone["params_m"],
+                     "source": "spread", "inherited": {k: inherited[k] for k in ("bleu", "valid_loss")},
+                     "standalone": {k: alone[k] for k in ("bleu", "valid_loss")}})
+    corr = {m: rank_correlation([r["inherited"][m] for r in rows], [r["standalone"][m] for r in rows])._asdict()
+            for m in ("valid_loss", "bleu")}
+    _write(out / "unified" / "tau.json", {**corr, "k": len(rows), "steps": spec.train.steps, "archs": rows})
+
+
+def phase_latency(work: Path, out: Path) -> None:
+    """Measure every point's latency again, one at a time, as :func:`nas.search.trials.score_arch` does."""
+    from nas.builders import prepare_sweep_data
+    from nas.eval.latency import measure_latency
+    from nas.eval.scores import encode_sources
+    from nas.model.io import load_model
+    from nas.model.supernet import extract
+    from nas.space.arch import Arch
+
+    path = out / "latency_quiet.json"
+    quiet = _read(path) or {}
+    for space in ("quickstart", "unified"):
+        spec, _ = _load(space, work)
+        se = spec.search
+        data = prepare_sweep_data(spec)
+        ids = None
+        supernet = None
+        files = [*(sorted((out / "baselines").glob("*.json")) if space == "quickstart" else []),
+                 *sorted((out / space).glob("retrained_*.json"))]
+        points = [(f"{f.parent.name}/{f.stem}", _read(f), f"{f.parent.name}_{f.stem}") for f in files]
+        points += [(f"{space}/front/{p['arch_id']}", p, None) for p in (_read(out / space / "front.json") or [])]
+        for key, row, model_name in points:
+            if key in quiet or row is None:
+                continue
+            arch = Arch.from_dict(row["arch"])
+            if model_name is None:
+                supernet = supernet or load_model(spec.run_dir / "supernet", "supernet")
+                model = extract(supernet, arch).eval()
+            elif (MODELS / f"{model_name}.json").is_file():
+                model = load_model(MODELS, model_name)
+            else:
+                print(f"{key}: no saved weights, latency not measured again", file=sys.stderr, flush=True)
+                continue
+            if ids is None:
+                ids = encode_sources(data.tokenizer(), data.valid_text()[0][: se.latency_sentences],
+                                     model.max_positions // 2)
+            quiet[key] = measure_latency(model, arch, ids, batch_size=1, beam_size=se.beam_size,
+                                         repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)))
+            print(f"{key}: {quiet[key]:.1f} ms (during its phase: {row['latency_ms']:.1f} ms)", file=sys.stderr,
+                  flush=True)
+            _write(path, quiet)
 
 
 # --------------------------------------------------------------------------- report
@@ -259,17 +336,28 @@ def _dominated(p: dict[str, Any], front: list[dict[str, Any]], bleu: str) -> boo
 
 
 def phase_report(out: Path) -> dict[str, Any]:
-    from nas.search.fidelity import rank_correlation
+    quiet = _read(out / "latency_quiet.json") or {}
 
-    baselines = [r for r in (_read(out / "baselines" / f"{n}.json") for n in BASELINES) if r is not None]
+    def rows(paths: list[Path]) -> list[dict[str, Any]]:
+        """The stored points, ``latency_ms`` replaced by the quiet measurement (``latency_ms_phase``: the first)."""
+        found = []
+        for path in paths:
+            for r in ([] if (stored := _read(path)) is None else stored if isinstance(stored, list) else [stored]):
+                key = f"{path.parent.name}/front/{r['arch_id']}" if path.name == "front.json" else \
+                    f"{path.parent.name}/{path.stem}"
+                found.append({**r, "latency_ms_phase": r["latency_ms"], "latency_ms": quiet.get(key, r["latency_ms"]),
+                              "latency_quiet": key in quiet})
+        return found
+
+    baselines = rows([out / "baselines" / f"{n}.json" for n in BASELINES])
     sets: dict[str, list[dict[str, Any]]] = {"baselines": baselines}
     compute = {"baselines_seconds": sum(r["train_seconds"] for r in baselines)}
     for space in ("quickstart", "unified"):
-        front = _read(out / space / "front.json")
-        if front is None:
+        front = rows([out / space / "front.json"])
+        if not front:
             continue
         sets[f"{space} inherited"] = front
-        retrained = [r for r in (_read(p) for p in sorted((out / space).glob("retrained_*.json"))) if r is not None]
+        retrained = rows(sorted((out / space).glob("retrained_*.json")))
         if retrained:
             sets[f"{space} retrained"] = retrained
         sweep = _read(out / space / "sweep.json") or {}
@@ -277,16 +365,17 @@ def phase_report(out: Path) -> dict[str, Any]:
         compute[f"{space}_supernet_seconds"] = sweep.get("supernet_seconds")
         compute[f"{space}_retrain_seconds"] = sum(r["train_seconds"] for r in retrained)
     table = {}
-    for name, rows in sets.items():
+    for name, points in sets.items():
         table[name] = {
-            "hypervolume_valid": hypervolume([(r["bleu"], r["latency_ms"]) for r in rows], BUDGET_MS),
-            "hypervolume_test": hypervolume([(r["test_bleu"], r["latency_ms"]) for r in rows], BUDGET_MS),
-            "dominates_baselines_valid": sum(_dominated(b, rows, "bleu") for b in baselines) if name != "baselines"
-            else None,
-            "dominates_baselines_test": sum(_dominated(b, rows, "test_bleu") for b in baselines)
+            "hypervolume_valid": hypervolume([(r["bleu"], r["latency_ms"]) for r in points], BUDGET_MS),
+            "hypervolume_test": hypervolume([(r["test_bleu"], r["latency_ms"]) for r in points], BUDGET_MS),
+            "dominates_baselines_valid": sum(_dominated(b, points, "bleu") for b in baselines)
             if name != "baselines" else None,
-            "points": [{k: r.get(k) for k in ("name", "arch_summary", "params_m", "latency_ms", "bleu", "chrf",
-                                              "valid_loss", "test_bleu", "test_chrf")} for r in rows],
+            "dominates_baselines_test": sum(_dominated(b, points, "test_bleu") for b in baselines)
+            if name != "baselines" else None,
+            "points": [{k: r.get(k) for k in ("name", "arch_summary", "params_m", "latency_ms", "latency_ms_phase",
+                                              "latency_quiet", "bleu", "chrf", "valid_loss", "test_bleu", "test_chrf")}
+                       for r in points],
         }
     tau = _read(out / "unified" / "tau.json")
     results = {"reference_point": {"bleu": 0.0, "latency_ms": BUDGET_MS}, "baselines": len(baselines),
@@ -362,9 +451,9 @@ def main() -> None:
                     help="supernets, sweeps and MLflow store (not committed)")
     ap.add_argument("--steps", type=int, default=None, help="smoke run: this many steps, 2 trials, 40 sentences")
     args = ap.parse_args()
-    global STEPS
-    STEPS = args.steps
     out, work = Path(args.out), Path(args.work)
+    global STEPS, MODELS
+    STEPS, MODELS = args.steps, work / "models"
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{(work / 'mlflow.db').resolve()}")
     for phase in args.phase:
@@ -375,6 +464,8 @@ def main() -> None:
             phase_sweep(phase, work, out)
         elif phase == "tau":
             phase_tau(work, out)
+        elif phase == "latency":
+            phase_latency(work, out)
         else:
             phase_report(out)
         print(f"phase {phase}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
