@@ -13,10 +13,10 @@ BLEU, chrF and loss (nats/token), ``latency_ms`` (batch 1, beam 4, one thread, m
 - ``baselines`` (a): four uniform Transformers a user would pick by hand inside the quickstart space (2 or 3
   layers, model width 64 or 128, FFN 4x, one branch), each trained alone.
 - ``quickstart`` (b): ``nas sweep search_spaces/quickstart.yaml`` (supernet with the sandwich rule, 8 Optuna
-  TPE trials under ``latency_ms <= 30``); its feasible Pareto front with inherited weights; then up to 3 front
-  members retrained alone.
+  TPE trials under ``latency_ms <= 30``); its feasible Pareto front with inherited weights (test set added).
 - ``unified`` (c): the same for ``search_spaces/unified.yaml`` with the quickstart's ``train`` budget and
-  ``search`` section (so the same trials, metrics and budget).
+  ``search`` section (so the same trials, metrics and budget); also the inherited scores of the ``tau`` archs.
+- ``retrain``: up to 3 members of each front trained alone (the quickstart's first).
 - ``tau``: 8 sub-Transformers of the unified space, inherited against standalone (560 steps): the retrained
   front members and the rest spread over the space as ``nas fidelity`` spreads them; Kendall tau and Spearman
   rho of validation loss (the primary score) and BLEU.
@@ -46,7 +46,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PHASES = ("baselines", "quickstart", "unified", "tau", "latency", "report")
+PHASES = ("baselines", "quickstart", "unified", "retrain", "latency", "tau", "report")
 BASELINES = {  # name: (layers per stack, model width, FFN width); one branch, the quickstart's vocabulary
     "base-2L-64": (2, 64, 256),
     "base-3L-64": (3, 64, 256),
@@ -221,9 +221,20 @@ def phase_sweep(space: str, work: Path, out: Path) -> None:
                           "trial": {k: t[k] for k in ("bleu", "chrf", "valid_loss", "latency_ms", "params_m")}})
         _write(front_file, front)
         _write(folder / "trials.json", [_read(p) for p in sorted(trials.glob("*.json"))])
-    for member in _pick(front, RETRAINED):
+    if space == "unified":  # while the supernet is here: the inherited scores of the tau phase's other archs
+        _tau_inherited(spec, data, out, supernet=None, front=front)
+
+
+def phase_retrain(space: str, work: Path, out: Path) -> None:
+    """Up to :data:`RETRAINED` members of the space's front (``front.json``) trained alone."""
+    from nas.builders import prepare_sweep_data
+    from nas.space.arch import Arch
+
+    spec, _ = _load(space, work)
+    data = prepare_sweep_data(spec)
+    for member in _pick(_read(out / space / "front.json") or [], RETRAINED):
         arch = Arch.from_dict(member["arch"])
-        _train_alone(arch, spec, data, folder / f"retrained_{arch.arch_id}.json", {"space": space})
+        _train_alone(arch, spec, data, out / space / f"retrained_{arch.arch_id}.json", {"space": space})
 
 
 def _pick(front: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
@@ -234,18 +245,44 @@ def _pick(front: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
     return [front[i] for i in idx]
 
 
-def phase_tau(work: Path, out: Path) -> None:
-    """Kendall tau and Spearman rho between inherited and standalone scores of 8 unified sub-Transformers: the
-    retrained front members and :func:`nas.search.fidelity.spread_archs` over the space for the rest (the
-    narrowest, the widest and ones evenly spaced in parameter count between)."""
-    from nas.builders import build_space, prepare_sweep_data
-    from nas.model.io import load_model
+def _tau_archs(spec, supernet, front: list[dict[str, Any]]):
+    """The archs of the tau phase besides the retrained front members: :data:`TAU_ARCHS` minus those, spread
+    over the space by :func:`nas.search.fidelity.spread_archs` (the narrowest, the widest, even steps of
+    parameter count between), front members skipped."""
+    from nas.builders import build_space
     from nas.model.supernet import count_params, extract
-    from nas.search.fidelity import rank_correlation, score_model, spread_archs
+    from nas.search.fidelity import spread_archs
+
+    retrained = {m["arch_id"] for m in _pick(front, RETRAINED)}
+    archs = spread_archs(build_space(spec), TAU_ARCHS - len(retrained),
+                         lambda a: count_params(extract(supernet, a)), seed=0)
+    return [a for a in archs if a.arch_id not in retrained]
+
+
+def _tau_inherited(spec, data, out: Path, supernet, front: list[dict[str, Any]]) -> None:
+    """``unified/tau/inherited_<arch_id>.json``: validation scores of the tau archs with inherited weights."""
+    from nas.model.io import load_model
+    from nas.search.fidelity import score_model
+
+    supernet = supernet or load_model(spec.run_dir / "supernet", "supernet")
+    folder = out / "unified" / "tau"
+    for arch in _tau_archs(spec, supernet, front):
+        path = folder / f"inherited_{arch.arch_id}.json"
+        if _read(path) is None:
+            _write(path, {"arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
+                          **score_model(supernet, arch, spec, data)})
+
+
+def phase_tau(work: Path, out: Path) -> None:
+    """Kendall tau and Spearman rho between inherited and standalone scores of :data:`TAU_ARCHS` unified
+    sub-Transformers: the retrained front members and the archs of :func:`_tau_archs`, each trained alone.
+    Needs no supernet: the inherited scores were stored by the ``unified`` phase."""
+    from nas.builders import prepare_sweep_data
+    from nas.search.fidelity import rank_correlation
+    from nas.space.arch import Arch
 
     spec, _ = _load("unified", work)
     data = prepare_sweep_data(spec)
-    supernet = load_model(spec.run_dir / "supernet", "supernet")
     front = {p["arch_id"]: p for p in _read(out / "unified" / "front.json") or []}
     rows = []
     for f in sorted((out / "unified").glob("retrained_*.json")):
@@ -253,16 +290,10 @@ def phase_tau(work: Path, out: Path) -> None:
         rows.append({"arch_id": alone["arch_id"], "arch_summary": alone["arch_summary"], "params_m": alone["params_m"],
                      "source": "front", "inherited": {k: front[alone["arch_id"]][k] for k in ("bleu", "valid_loss")},
                      "standalone": {k: alone[k] for k in ("bleu", "valid_loss")}})
-    need = TAU_ARCHS - len(rows)
-    archs = spread_archs(build_space(spec), need, lambda a: count_params(extract(supernet, a)), seed=0)
     folder = out / "unified" / "tau"
-    for arch in archs:
-        if arch.arch_id in {r["arch_id"] for r in rows}:
-            continue
-        inherited = _read(folder / f"inherited_{arch.arch_id}.json")
-        if inherited is None:
-            inherited = score_model(supernet, arch, spec, data)
-            _write(folder / f"inherited_{arch.arch_id}.json", inherited)
+    for f in sorted(folder.glob("inherited_*.json")):
+        inherited = _read(f)
+        arch = Arch.from_dict(inherited["arch"])
         alone = _train_alone(arch, spec, data, folder / f"standalone_{arch.arch_id}.json", {"space": "unified"})
         rows.append({"arch_id": arch.arch_id, "arch_summary": arch.summary(), "params_m": alone["params_m"],
                      "source": "spread", "inherited": {k: inherited[k] for k in ("bleu", "valid_loss")},
@@ -462,6 +493,9 @@ def main() -> None:
             phase_baselines(work, out)
         elif phase in ("quickstart", "unified"):
             phase_sweep(phase, work, out)
+        elif phase == "retrain":
+            for space in ("quickstart", "unified"):
+                phase_retrain(space, work, out)
         elif phase == "tau":
             phase_tau(work, out)
         elif phase == "latency":
