@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -268,7 +269,10 @@ def test_mlflow_server_uses_postgres_and_proxied_s3_artifacts(services):
     mlflow = services["mlflow"]
     assert mlflow["image"] == f"ghcr.io/mlflow/mlflow:v{version('mlflow')}", "match the pinned mlflow"
     command = _command(mlflow)
-    assert re.search(r"--backend-store-uri \S*postgresql\+psycopg://nas:\S+@postgres:5432/mlflow", command)
+    password = SAMPLE_SECRETS["NAS_DB_PASSWORD"]
+    store_uri = _render(_env(mlflow)["MLFLOW_BACKEND_STORE_URI"])
+    assert store_uri == f"postgresql+psycopg://nas:{password}@postgres:5432/mlflow"
+    assert "--backend-store-uri" not in command, "the store URI holds the password: MLFLOW_BACKEND_STORE_URI, not argv"
     assert "--serve-artifacts" in command and "--artifacts-destination s3://mlflow/" in command
     assert "--default-artifact-root" not in command, "proxied artifacts use the default mlflow-artifacts:/ root"
     assert "--allowed-hosts" in command
@@ -333,10 +337,16 @@ def test_ray_nodes_and_driver_share_the_cluster_token_and_tracking_server(servic
     assert all(m == mounts[0] for m in mounts), "every node must see the same nas_runs and data paths"
 
 
-def test_optuna_dashboard_is_pinned_and_reads_the_optuna_database(services):
+def test_optuna_dashboard_is_pinned_and_reads_the_optuna_database_from_its_config_file(compose, services):
     dashboard = services["optuna-dashboard"]
     assert re.fullmatch(r"ghcr\.io/optuna/optuna-dashboard:v\d+\.\d+\.\d+", dashboard["image"])
-    assert re.search(r"^postgresql\+psycopg2://nas:[^@]+@postgres:5432/optuna$", _command(dashboard))
+    assert Version(dashboard["image"].rsplit(":v", 1)[1]) >= Version("0.20"), "--from-config came in 0.20.0"
+    match = re.fullmatch(r"--from-config (\S+)", _command(dashboard))
+    assert match, f"optuna-dashboard's storage URL must come from its config file, not argv: {_command(dashboard)}"
+    (config,) = [c for c in dashboard["configs"] if c["target"] == match.group(1)]
+    toml = tomllib.loads(_render(compose["configs"][config["source"]]["content"]))
+    password = SAMPLE_SECRETS["NAS_DB_PASSWORD"]
+    assert toml["optuna_dashboard"]["storage"] == f"postgresql+psycopg2://nas:{password}@postgres:5432/optuna"
     assert any(port.endswith(":8080:8080") for port in dashboard["ports"])
     assert dashboard["depends_on"]["postgres"]["condition"] == "service_healthy"
 
@@ -379,6 +389,45 @@ def test_database_passwords_come_from_the_environment(compose):
                 assert value.startswith("${"), f"{key} is set literally"
 
 
+def _argv_texts(service: dict) -> list[str]:
+    """What a service runs as argv (command, entrypoint, healthcheck), each as one string as written."""
+    texts = []
+    for argv in (service.get("command"), service.get("entrypoint"), (service.get("healthcheck") or {}).get("test")):
+        if argv:
+            texts.append(argv if isinstance(argv, str) else " ".join(argv))
+    return texts
+
+
+def test_no_command_line_carries_a_secret(services):
+    """argv is world-readable (``ps``, /proc/<pid>/cmdline, ``docker inspect``'s Args): no secret on it, neither
+    filled in by compose (``${NAS_DB_PASSWORD}``) nor by the container's shell (``$${NAS_DB_PASSWORD}``, or a
+    variable whose value holds one, such as a database URL)."""
+    for name, service in services.items():
+        env = _env(service)
+        secret_env = {key for key, value in env.items()
+                      if SECRET_NAME.search(key) or any(s in _render(value) for s in SAMPLE_SECRETS.values())}
+        for text in _argv_texts(service):
+            rendered = _render(text)
+            for secret, value in SAMPLE_SECRETS.items():
+                assert value not in rendered, f"{name}: {secret} is on the command line"
+            for variable in re.findall(r"\$\{?([A-Za-z_]\w*)", rendered):
+                assert not SECRET_NAME.search(variable) and variable not in secret_env, (
+                    f"{name}: the shell puts ${variable} (a secret) on the command line")
+            assert not CREDENTIALS_IN_URL.search(rendered), f"{name}: a URL with credentials on the command line"
+
+
+def test_command_line_check_catches_compose_and_shell_references():
+    """The check above, on the forms of the old compose file."""
+    leaks = [("postgresql+psycopg2://nas:${NAS_DB_PASSWORD:?x}@postgres:5432/optuna", {}),
+             ('mlflow server --backend-store-uri "postgresql+psycopg://nas:$${NAS_DB_PASSWORD}@postgres/mlflow"', {}),
+             ('exec optuna-dashboard "$$OPTUNA_STORAGE"',
+              {"OPTUNA_STORAGE": "postgresql://nas:${NAS_DB_PASSWORD:?x}@p/o"})]
+    for command, environment in leaks:
+        with pytest.raises(AssertionError):
+            test_no_command_line_carries_a_secret({"leaky": {"command": command, "environment": environment}})
+    test_no_command_line_carries_a_secret({"ok": {"command": "--from-config /etc/c.toml", "environment": {}}})
+
+
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_inline_shell_scripts_parse(compose):
     scripts = _shell_scripts(compose)
@@ -408,7 +457,6 @@ def test_dockerfile_installs_pinned_torch_then_the_pinned_package_on_python_3_11
 
 
 def test_image_pins_every_dependency_of_pyproject_at_the_tested_version():
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     pins = {}
     for line in REQUIREMENTS.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
