@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,43 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+MISSING_DATA = r"multi30k|\b(data|file|files|corpus)\b.*\b(not found|not present|missing|does not exist)\b|no such file"
+"""Skip reasons (regex) that mean a missing data file: no test has one (conftest's ``multi30k`` fails instead)."""
+MISSING_POSTGRES = r"postgres|psycopg"
+"""Skip reasons (regex) that mean no PostgreSQL server or driver."""
+CI_MUST_NOT_SKIP = re.compile(f"{MISSING_DATA}|{MISSING_POSTGRES}", re.IGNORECASE)
+"""Skip reasons CI never has. With ``NAS_CI=1`` (set by .ci/run) a test skipped for one of them fails instead,
+so a CI machine that lost its data or its database cannot pass by skipping."""
+
+
+def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)  # (path, line, "Skipped: reason")
+
+
+def _fail_skips_ci_must_not_have(report: pytest.CollectReport | pytest.TestReport) -> None:
+    if os.environ.get("NAS_CI") != "1" or not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    if CI_MUST_NOT_SKIP.search(reason):
+        report.outcome = "failed"
+        report.longrepr = f"{reason}\nNAS_CI=1: CI has the data and PostgreSQL, so this skip would hide a failure"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item,
+                               call: pytest.CallInfo) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    _fail_skips_ci_must_not_have(report)
+    return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(
+        collector: pytest.Collector) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
+    report = yield  # a module that skips itself (pytest.skip(allow_module_level=True), importorskip)
+    _fail_skips_ci_must_not_have(report)
+    return report
 
 
 @pytest.fixture(scope="session")
