@@ -305,7 +305,11 @@ def _latest_experiment() -> str:
 
 
 @app.command()
-def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (replaced if it exists)."),
+def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new, empty or an earlier export "
+                                                          "(replaced as a whole, atomically)."),
+           force: bool = typer.Option(False, "--force", help="Replace --out even if it holds files and is not an "
+                                                            "earlier export (never the current folder, its "
+                                                            "ancestors or the home folder)."),
            best: bool = typer.Option(False, "--best", help="Export the best trial of the experiment."),
            run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
@@ -327,12 +331,18 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     """
     if register is not None and not register.strip():
         _fail("--register needs a model name, e.g. --register quickstart-en-de")
-    from nas import tracking
-    from nas.export import export_arch
-    from nas.space.arch import Arch
-
     if best == bool(run_id):
         _fail("pass exactly one of --best or --run-id ID")
+    from nas.export import PROVENANCE, export_arch
+    from nas.io import check_output_dir
+
+    try:  # before MLflow is read or the supernet loaded
+        check_output_dir(out_dir, marker=PROVENANCE, force=force)
+    except NasError as e:
+        _fail(f"--out: {e}")
+    from nas import tracking
+    from nas.space.arch import Arch
+
     client = tracking.get_client()
     chosen = None
     try:
@@ -352,7 +362,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
                   "sweep_id": tags.get("nas.sweep_id")}
     try:
         path = export_arch(tags["nas.supernet_dir"], Path(tags["nas.data_dir"]) / "spm.model", arch, out_dir,
-                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance)
+                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force)
     except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
     out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
