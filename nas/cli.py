@@ -40,6 +40,17 @@ def _fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def _output_file(path: Optional[Path], option: str = "--out") -> None:
+    """Fail (exit 2) before any work when the file ``path`` given by ``option`` is an existing folder."""
+    from nas.io import check_output_file
+
+    if path is not None:
+        try:
+            check_output_file(path)
+        except NasError as e:
+            _fail(f"{option}: {e}")
+
+
 def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None):
     from nas.space import SpecError, load_spec
 
@@ -184,6 +195,8 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     Each trial is judged by its own sweep's search.constraints: only the feasible ones are ranked (and can be on the
     front) unless --include-infeasible; the feasible column says which.
     """
+    _output_file(out_file)
+    _output_file(plot_file, "--plot")
     from nas import tracking
 
     scan = None
@@ -274,12 +287,17 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
 
     if fmt not in FORMATS:
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    out_file = out_file or Path(f"report-{sweep_id}.{fmt}")
+    _output_file(out_file)
     try:
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
                            include_infeasible=include_infeasible)
     except NasError as e:
         _fail(str(e))
-    paths = write_report(rep, out_file or Path(f"report-{sweep_id}.{fmt}"), fmt)
+    try:
+        paths = write_report(rep, out_file, fmt)
+    except NasError as e:  # the Markdown report's PNG beside it is a folder
+        _fail(str(e))
     out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
               f"front ({', '.join(map(str, rep.objectives))})", highlight=False)
     if rep.constraints:
@@ -476,6 +494,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     n_sent = sentences or spec.search.latency_sentences
     if n_sent < batch_size:  # checked before any data is prepared or model loaded
         _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
+    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
+    _output_file(target)
     from nas.data import DataError
     from nas.eval.scores import encode_sources
     from nas.eval.latency import LatencyPredictor, collect_samples
@@ -504,7 +524,6 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
         metrics = predictor.fit(measured, seed=seed)
     except NasError as e:
         _fail(str(e))
-    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
     predictor.save(target)
     atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
     out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
