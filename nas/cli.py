@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nas.errors import NasError, NotFoundError
+from nas.redact import redact_url
 
 # The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
 # only cluttered the tables that leaderboard, report and export print.
@@ -111,7 +112,8 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
               f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
               f"trials completed {result.trials_completed}, failed {result.trials_failed}"
               + (" (resumed)" if result.resumed else ""))
-    out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at {tracking.tracking_uri()}")
+    out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at "
+              f"{escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
 def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True):
@@ -318,7 +320,7 @@ def _latest_experiment() -> str:
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise NotFoundError(f"no sweep found at {tracking.tracking_uri()}; run `nas sweep FILE` first or pass --experiment")
+        raise NotFoundError(f"no sweep found at {redact_url(tracking.tracking_uri())}; run `nas sweep FILE` first or pass --experiment")
     return client.get_experiment(runs[0].info.experiment_id).name
 
 
@@ -578,7 +580,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
         out.print(f"[yellow]warning: {escape(note)}[/yellow]", highlight=False)
     run_id = log_fidelity(spec, result)
     out.print(f"wrote {escape(str(result.path))}; MLflow: experiment '{escape(spec.experiment)}', run {run_id} "
-              f"at {escape(tracking.tracking_uri())}", highlight=False)
+              f"at {escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
 if __name__ == "__main__":
