@@ -104,15 +104,15 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
             raise ImportanceError(f"sweep {sweep_id!r}: its parent run has neither a {TAG_OPTUNA_STORAGE} nor a "
                                   "nas.supernet_dir tag; pass --storage FILE_OR_URL")
         location = str(Path(supernet_dir).parent / _JOURNAL)
-    shown = redact_url(location)
+    address = redact_url(location)
     if "://" in location:
         if REDACTED in location:
-            raise ImportanceError(f"the Optuna storage {shown} is redacted in MLflow; pass --storage URL with "
+            raise ImportanceError(f"the Optuna storage {address} is redacted in MLflow; pass --storage URL with "
                                   "the password")
         try:
             backend = optuna.storages.RDBStorage(location)
         except Exception as e:  # sqlalchemy / driver errors
-            raise ImportanceError(f"cannot open the Optuna storage {shown}: "
+            raise ImportanceError(f"cannot open the Optuna storage {address}: "
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     else:
         if not Path(location).is_file():
@@ -127,11 +127,11 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
             name = names[0]
         else:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "") if names else "none"
-            raise ImportanceError(f"cannot tell which Optuna study in {shown} is sweep {sweep_id!r} "
+            raise ImportanceError(f"cannot tell which Optuna study in {address} is sweep {sweep_id!r} "
                                   f"(studies: {shown}); pass --study NAME")
     if name not in names:
-        raise ImportanceError(f"no Optuna study {name!r} in {shown} (studies: {', '.join(names[:10]) or 'none'})")
-    return optuna.load_study(study_name=name, storage=backend), f"{name} @ {shown}"
+        raise ImportanceError(f"no Optuna study {name!r} in {address} (studies: {', '.join(names[:10]) or 'none'})")
+    return optuna.load_study(study_name=name, storage=backend), f"{name} @ {address}"
 
 
 def param_importances(study: optuna.Study, objective_names: Sequence[str] = ()) -> dict[str, dict[str, float]]:

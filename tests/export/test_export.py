@@ -111,10 +111,10 @@ def test_a_re_export_that_fails_while_writing_keeps_the_earlier_export_and_no_te
     out = export_arch(sn, tokenizer.model_path, TINY, tmp_path / "exported", provenance={"run_id": "old"})
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
-    def disk_full(*args, **kwargs):
+    def disk_full(*args, **kwargs):  # the SentencePiece copy, after the weights were written
         raise OSError("disk full")
 
-    monkeypatch.setattr(folder_module, "save_model", disk_full)
+    monkeypatch.setattr(folder_module.shutil, "copyfile", disk_full)
     with pytest.raises(OSError, match="disk full"):
         export_arch(sn, tokenizer.model_path, TINY, out, provenance={"run_id": "new"})
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
