@@ -320,7 +320,8 @@ def _latest_experiment() -> str:
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise NotFoundError(f"no sweep found at {redact_url(tracking.tracking_uri())}; run `nas sweep FILE` first or pass --experiment")
+        raise NotFoundError(f"no sweep found at {redact_url(tracking.tracking_uri())}; run `nas sweep FILE` first or "
+                            "pass --experiment")
     return client.get_experiment(runs[0].info.experiment_id).name
 
 

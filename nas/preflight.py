@@ -189,7 +189,8 @@ def check_database(url: str, *, what: str, setting: str, timeout_s: float = TIME
     try:
         parsed = make_url(url)
     except sa.exc.ArgumentError as e:
-        raise BackendError(f"{what} {redact_url(url)!r} ({setting}) is not a database URL ({e}); fix {setting}") from None
+        raise BackendError(f"{what} {redact_url(url)!r} ({setting}) is not a database URL ({e}); "
+                           f"fix {setting}") from None
     shown = redact_url(url)
     if parsed.drivername.startswith("sqlite"):
         _check_sqlite(url, what, fix)
