@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from nas.errors import NasError, NotFoundError
+from nas.redact import redact_url
 
 # The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
 # only cluttered the tables that leaderboard, report and export print.
@@ -38,6 +39,17 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when pi
 def _fail(message: str, code: int = 2) -> None:
     err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
     raise typer.Exit(code)
+
+
+def _output_file(path: Optional[Path], option: str = "--out") -> None:
+    """Fail (exit 2) before any work when the file ``path`` given by ``option`` is an existing folder."""
+    from nas.io import check_output_file
+
+    if path is not None:
+        try:
+            check_output_file(path)
+        except NasError as e:
+            _fail(f"{option}: {e}")
 
 
 def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None):
@@ -100,7 +112,8 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
               f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
               f"trials completed {result.trials_completed}, failed {result.trials_failed}"
               + (" (resumed)" if result.resumed else ""))
-    out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at {tracking.tracking_uri()}")
+    out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at "
+              f"{escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
 def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True):
@@ -184,6 +197,8 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     Each trial is judged by its own sweep's search.constraints: only the feasible ones are ranked (and can be on the
     front) unless --include-infeasible; the feasible column says which.
     """
+    _output_file(out_file)
+    _output_file(plot_file, "--plot")
     from nas import tracking
 
     scan = None
@@ -274,12 +289,17 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
 
     if fmt not in FORMATS:
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    out_file = out_file or Path(f"report-{sweep_id}.{fmt}")
+    _output_file(out_file)
     try:
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
                            include_infeasible=include_infeasible)
     except NasError as e:
         _fail(str(e))
-    paths = write_report(rep, out_file or Path(f"report-{sweep_id}.{fmt}"), fmt)
+    try:
+        paths = write_report(rep, out_file, fmt)
+    except NasError as e:  # the Markdown report's PNG beside it is a folder
+        _fail(str(e))
     out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
               f"front ({', '.join(map(str, rep.objectives))})", highlight=False)
     if rep.constraints:
@@ -300,12 +320,17 @@ def _latest_experiment() -> str:
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
     if not runs:
-        raise NotFoundError(f"no sweep found at {tracking.tracking_uri()}; run `nas sweep FILE` first or pass --experiment")
+        raise NotFoundError(f"no sweep found at {redact_url(tracking.tracking_uri())}; run `nas sweep FILE` first or "
+                            "pass --experiment")
     return client.get_experiment(runs[0].info.experiment_id).name
 
 
 @app.command()
-def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (replaced if it exists)."),
+def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new, empty or an earlier export "
+                                                          "(replaced as a whole, atomically)."),
+           force: bool = typer.Option(False, "--force", help="Replace --out even if it holds files and is not an "
+                                                            "earlier export (never the current folder, its "
+                                                            "ancestors or the home folder)."),
            best: bool = typer.Option(False, "--best", help="Export the best trial of the experiment."),
            run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
@@ -327,12 +352,18 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
     """
     if register is not None and not register.strip():
         _fail("--register needs a model name, e.g. --register quickstart-en-de")
-    from nas import tracking
-    from nas.export import export_arch
-    from nas.space.arch import Arch
-
     if best == bool(run_id):
         _fail("pass exactly one of --best or --run-id ID")
+    from nas.export import PROVENANCE, export_arch
+    from nas.io import check_output_dir
+
+    try:  # before MLflow is read or the supernet loaded
+        check_output_dir(out_dir, marker=PROVENANCE, force=force)
+    except NasError as e:
+        _fail(f"--out: {e}")
+    from nas import tracking
+    from nas.space.arch import Arch
+
     client = tracking.get_client()
     chosen = None
     try:
@@ -352,7 +383,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write (rep
                   "sweep_id": tags.get("nas.sweep_id")}
     try:
         path = export_arch(tags["nas.supernet_dir"], Path(tags["nas.data_dir"]) / "spm.model", arch, out_dir,
-                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance)
+                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force)
     except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
     out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
@@ -466,6 +497,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     n_sent = sentences or spec.search.latency_sentences
     if n_sent < batch_size:  # checked before any data is prepared or model loaded
         _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
+    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
+    _output_file(target)
     from nas.data import DataError
     from nas.eval.scores import encode_sources
     from nas.eval.latency import LatencyPredictor, collect_samples
@@ -494,7 +527,6 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
         metrics = predictor.fit(measured, seed=seed)
     except NasError as e:
         _fail(str(e))
-    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
     predictor.save(target)
     atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
     out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
@@ -549,7 +581,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
         out.print(f"[yellow]warning: {escape(note)}[/yellow]", highlight=False)
     run_id = log_fidelity(spec, result)
     out.print(f"wrote {escape(str(result.path))}; MLflow: experiment '{escape(spec.experiment)}', run {run_id} "
-              f"at {escape(tracking.tracking_uri())}", highlight=False)
+              f"at {escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ This module imports nothing from ``nas``: every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["NasError", "NotFoundError"]
+__all__ = ["NasError", "NotFoundError", "OutputPathError"]
 
 
 class NasError(ValueError):
@@ -24,3 +24,9 @@ class NasError(ValueError):
 
 class NotFoundError(NasError, LookupError):
     """A run, sweep, experiment or trial the user named does not exist (names it and how to create it)."""
+
+
+class OutputPathError(NasError):
+    """An output path the user gave (``--out``) is unsafe to write: a folder where a file is wanted, the current
+    folder or one of its ancestors, the home folder, or a folder holding files that an earlier output did not
+    write (names the path, a few of its entries, and the fix)."""

@@ -1,21 +1,35 @@
-"""Atomic file writes, written once for the whole tree (torch-free, no ``nas`` imports).
+"""Atomic file writes and safe output folders, written once for the whole tree (torch-free).
 
 A write goes to a temporary sibling (``.<name>.<random>.tmp``), is flushed and ``fsync``-ed,
 then moved into place with ``os.replace``, and the folder entry is ``fsync``-ed too. A reader
 therefore sees the old file or the new one, never a torn one, even after a crash or ``kill -9``;
-a failed write removes its temporary file.
+a failed write removes its temporary file. A path that is a folder is never written as a file.
+
+An output folder (``nas export --out DIR``) is filled as a temporary sibling and swapped into place
+(:func:`output_dir`); the folder it replaces must be an earlier output of the same kind (it holds the
+writer's marker file) unless the user forces it, and the current folder, its ancestors and the home
+folder are never replaced (:func:`check_output_dir`).
+
+Imports the standard library and :mod:`nas.errors` only (which imports nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "fsync_dir"]
+from nas.errors import OutputPathError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "fsync_dir", "check_output_file",
+           "check_output_dir", "output_dir"]
+
+_SHOWN_ENTRIES = 5
+"""Entries of a refused folder named in the error."""
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -42,8 +56,10 @@ def atomic_path(path: str | Path, *, mode: int = 0o644) -> Iterator[Path]:
     Args:
         path: the destination file; its folder is created when missing.
         mode: permission bits of the new file (``mkstemp`` creates 0600).
+    Raises:
+        OutputPathError: ``path`` is a folder (:func:`check_output_file`).
     """
-    path = Path(path)
+    path = check_output_file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
@@ -58,6 +74,127 @@ def atomic_path(path: str | Path, *, mode: int = 0o644) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def check_output_file(path: str | Path) -> Path:
+    """``path`` as a file to write (or replace): it must not be an existing folder.
+
+    Raises:
+        OutputPathError: ``path`` is a folder (names it and the fix).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputPathError(f"{path} is a folder, not a file; give the path of a file to write (a new name, "
+                              f"or an existing file to replace), e.g. {os.path.join(path, 'NAME')}")
+    return path
+
+
+def _protected(folder: Path) -> str | None:
+    """Why ``folder`` (absolute) must never be replaced, or None: the filesystem root, the current folder,
+    an ancestor of it, the home folder or an ancestor of that."""
+    cwd = Path.cwd().resolve()
+    if folder == Path(folder.anchor):
+        return "the filesystem root"
+    if folder == cwd:
+        return "the current folder"
+    if folder in cwd.parents:
+        return f"an ancestor of the current folder {cwd}"
+    try:
+        home = Path.home().resolve()
+    except (KeyError, RuntimeError):  # no $HOME and no passwd entry
+        return None
+    if folder == home:
+        return "your home folder"
+    if folder in home.parents:
+        return f"an ancestor of your home folder {home}"
+    return None
+
+
+def check_output_dir(path: str | Path, *, marker: str, force: bool = False) -> Path:
+    """``path`` as an output folder to write (or replace) as a whole; returns it made absolute.
+
+    It may be missing, empty, or an earlier output of the same writer (it holds the file ``marker``);
+    any other folder is replaced only with ``force``. The filesystem root, the current folder and its
+    ancestors, and the home folder and its ancestors are refused even with ``force``.
+
+    Args:
+        path: the folder the user gave (``--out``).
+        marker: the file every output of this writer holds (``export.json`` for an export folder).
+        force: replace a non-empty folder that is not an earlier output (``--force``).
+    Raises:
+        OutputPathError: ``path`` is protected, is a file, or holds files without ``marker`` and not
+            ``force`` (names the folder, a few of its entries and the fix).
+    """
+    out = Path(os.path.abspath(path))
+    for folder in dict.fromkeys((out, out.resolve())):
+        why = _protected(folder)
+        if why:
+            raise OutputPathError(f"refusing to replace {path}: it is {why} (not even with --force); "
+                                  f"choose a new folder below it, e.g. {os.path.join(path, 'NAME')}")
+    if os.path.lexists(out) and not out.is_dir():
+        raise OutputPathError(f"{path} is a file, not a folder; choose a folder path, or remove the file first")
+    if out.is_dir() and not force and not (out / marker).is_file():
+        entries = sorted(p.name for p in out.iterdir())
+        if entries:
+            shown = ", ".join(entries[:_SHOWN_ENTRIES])
+            more = f", ... ({len(entries)} entries)" if len(entries) > _SHOWN_ENTRIES else ""
+            raise OutputPathError(f"{path} is not empty and is no earlier output (it has no {marker}): {shown}{more}; "
+                                  "choose a new or empty folder, or pass --force to replace it and all it holds")
+    return out
+
+
+@contextlib.contextmanager
+def output_dir(path: str | Path, *, marker: str, force: bool = False) -> Iterator[Path]:
+    """Yield a new empty folder beside ``path`` to fill; when the block ends, it takes ``path``'s place.
+
+    ``path`` is checked first (:func:`check_output_dir`), and again just before the swap. The swap never
+    leaves zero copies: the old folder is renamed aside (``.<name>.<random>.old``), the new one renamed
+    into place, then the old one deleted; if the second rename fails, the old one is renamed back. Until
+    the swap, the old folder is untouched; if the block raises, the new folder is deleted.
+
+    Args:
+        path, marker, force: see :func:`check_output_dir`; the block must write ``marker``.
+    Raises:
+        OutputPathError: see :func:`check_output_dir`.
+        RuntimeError: the block wrote no ``marker`` (a writer's bug).
+    """
+    out = check_output_dir(path, marker=marker, force=force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = _sibling(out, "tmp")
+    new.mkdir()
+    try:
+        yield new
+        if not (new / marker).is_file():
+            raise RuntimeError(f"the writer of {out} left no {marker} in it")
+        _replace_dir(new, check_output_dir(path, marker=marker, force=force))
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    """A hidden, unused name beside ``path``: ``.<name>.<random>.<kind>``."""
+    return path.with_name(f".{path.name}.{os.urandom(4).hex()}.{kind}")
+
+
+def _replace_dir(new: Path, out: Path) -> None:
+    """Rename the folder ``new`` to ``out`` (absolute), replacing what is there (see :func:`output_dir`)."""
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        fsync_dir(out.parent)
+        return
+    aside = _sibling(out, "old")
+    os.rename(out, aside)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(aside, out)
+        raise
+    fsync_dir(out.parent)
+    if aside.is_dir() and not aside.is_symlink():
+        shutil.rmtree(aside, ignore_errors=True)
+    else:  # a symbolic link to a folder: the link goes, its target stays
+        aside.unlink(missing_ok=True)
 
 
 def _write(path: str | Path, opener: Callable[[Path], IO], write: Callable[[IO], object], mode: int) -> Path:

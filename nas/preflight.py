@@ -19,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from nas.redact import redact_url
 from nas.space import SpecError, SweepSpec
 
 __all__ = ["TIMEOUT_S", "BackendError", "check_backends", "check_database", "check_mlflow", "check_ray_address"]
@@ -87,14 +88,6 @@ def check_mlflow(uri: str, *, timeout_s: float = TIMEOUT_S, fix: str = "set MLFL
         _check_folder(Path(urlsplit(uri).path if scheme else uri), "MLflow file store", uri, fix)
 
 
-def _redact_http(uri: str) -> str:
-    parts = urlsplit(uri)
-    creds, at, hostport = parts.netloc.rpartition("@")
-    if not at or ":" not in creds:
-        return uri
-    return urlunsplit(parts._replace(netloc=f"{creds.split(':', 1)[0]}:***@{hostport}"))
-
-
 def _http_get(url: str, timeout_s: float, headers: dict[str, str]) -> int:
     """GET ``url``; the HTTP status (errors included). Raises OSError (URLError...) when nothing answers."""
     context = None
@@ -128,7 +121,7 @@ def _credentials(uri: str) -> tuple[str, dict[str, str]]:
 
 
 def _check_http(uri: str, timeout_s: float, fix: str) -> None:
-    shown = _redact_http(uri)
+    shown = redact_url(uri)
     bare, auth = _credentials(uri)
     base = bare.rstrip("/")
     try:
@@ -159,19 +152,19 @@ def _check_sqlite(url: str, what: str, fix: str) -> None:
         return
     path = Path(database)
     if path.is_dir():
-        raise BackendError(f"{what} {url}: {path} is a folder, not a database file; {fix}")
+        raise BackendError(f"{what} {redact_url(url)}: {path} is a folder, not a database file; {fix}")
     if not path.parent.is_dir():
-        raise BackendError(f"{what} {url}: folder {path.parent} does not exist; create it "
+        raise BackendError(f"{what} {redact_url(url)}: folder {path.parent} does not exist; create it "
                            f"(mkdir -p {path.parent}) or {fix}")
     target = path if path.exists() else path.parent
     if not os.access(target, os.W_OK):
-        raise BackendError(f"{what} {url}: {target} is not writable; {fix}")
+        raise BackendError(f"{what} {redact_url(url)}: {target} is not writable; {fix}")
 
 
 def _check_folder(path: Path, what: str, uri: str, fix: str) -> None:
     existing = next((p for p in (path, *path.parents) if p.exists()), None)
     if existing is not None and (not existing.is_dir() or not os.access(existing, os.W_OK)):
-        raise BackendError(f"{what} {uri}: {existing} is not a writable folder; {fix}")
+        raise BackendError(f"{what} {redact_url(uri)}: {existing} is not a writable folder; {fix}")
 
 
 # --------------------------------------------------------------------------- databases
@@ -196,8 +189,9 @@ def check_database(url: str, *, what: str, setting: str, timeout_s: float = TIME
     try:
         parsed = make_url(url)
     except sa.exc.ArgumentError as e:
-        raise BackendError(f"{what} {url!r} ({setting}) is not a database URL ({e}); fix {setting}") from None
-    shown = parsed.render_as_string(hide_password=True)
+        raise BackendError(f"{what} {redact_url(url)!r} ({setting}) is not a database URL ({e}); "
+                           f"fix {setting}") from None
+    shown = redact_url(url)
     if parsed.drivername.startswith("sqlite"):
         _check_sqlite(url, what, fix)
         return

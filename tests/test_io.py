@@ -7,6 +7,7 @@ import os
 import pytest
 
 from nas import io
+from nas.errors import OutputPathError
 
 
 def test_atomic_write_text_replaces_and_leaves_no_temporary(tmp_path):
@@ -50,3 +51,112 @@ def test_atomic_path_removes_the_temporary_when_the_block_raises(tmp_path):
             tmp.write_bytes(b"half")
             raise RuntimeError("writer crashed")
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- output folders and files
+
+
+def _folder(path, files: dict[str, str]):
+    path.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
+def _contents(path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted(path.iterdir())}
+
+
+def test_output_dir_replaces_an_earlier_output_and_leaves_no_sibling(tmp_path):
+    out = _folder(tmp_path / "out", {"done.json": "old", "weights": "old"})
+    with io.output_dir(out, marker="done.json") as new:
+        assert new.parent == tmp_path and new.name.startswith(".out.")
+        assert _contents(out) == {"done.json": "old", "weights": "old"}  # untouched until the swap
+        _folder(new, {"done.json": "new"})
+    assert _contents(out) == {"done.json": "new"}
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_output_dir_refuses_a_folder_with_other_files_and_names_them_unless_forced(tmp_path):
+    out = _folder(tmp_path / "mine", {f"note{i}.txt": "keep" for i in range(7)})
+    with pytest.raises(OutputPathError, match=r"mine is not empty and is no earlier output \(it has no done.json\): "
+                                                 r"note0.txt, note1.txt, note2.txt, note3.txt, note4.txt, "
+                                                 r"\.\.\. \(7 entries\); .* pass --force"):
+        with io.output_dir(out, marker="done.json"):
+            pytest.fail("the block must not run")
+    assert len(_contents(out)) == 7 and [p.name for p in tmp_path.iterdir()] == ["mine"]
+    with io.output_dir(out, marker="done.json", force=True) as new:
+        _folder(new, {"done.json": "new"})
+    assert _contents(out) == {"done.json": "new"}
+
+
+def test_output_dir_accepts_a_missing_or_empty_folder(tmp_path):
+    (tmp_path / "empty").mkdir()
+    for name in ("empty", "missing/deeper"):
+        with io.output_dir(tmp_path / name, marker="done.json") as new:
+            _folder(new, {"done.json": name})
+        assert _contents(tmp_path / name) == {"done.json": name}
+
+
+@pytest.mark.parametrize("path", [".", "..", "/", "sub/..", "CWD", "HOME"])
+def test_output_dir_never_replaces_the_cwd_its_ancestors_or_home_even_with_force(tmp_path, monkeypatch, path):
+    cwd = _folder(tmp_path / "work", {"done.json": "an earlier output, even"})
+    (cwd / "sub").mkdir()
+    home = _folder(tmp_path / "home", {"done.json": "mine"})
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    path = {"CWD": str(cwd), "HOME": str(home)}.get(path, path)
+    with pytest.raises(OutputPathError, match=r"refusing to replace .*: it is (the|an|your) .*not even with --force"):
+        with io.output_dir(path, marker="done.json", force=True):
+            pytest.fail("the block must not run")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["home", "work"]
+    assert sorted(p.name for p in cwd.iterdir()) == ["done.json", "sub"] and _contents(home) == {"done.json": "mine"}
+
+
+def test_output_dir_refuses_a_file(tmp_path):
+    (tmp_path / "f").write_text("data")
+    with pytest.raises(OutputPathError, match=r"f is a file, not a folder"):
+        with io.output_dir(tmp_path / "f", marker="done.json", force=True):
+            pytest.fail("the block must not run")
+    assert (tmp_path / "f").read_text() == "data"
+
+
+def test_a_failed_write_or_swap_keeps_the_earlier_output_and_cleans_the_new_folder(tmp_path, monkeypatch):
+    out = _folder(tmp_path / "out", {"done.json": "old"})
+    with pytest.raises(RuntimeError, match="writer crashed"):
+        with io.output_dir(out, marker="done.json") as new:
+            _folder(new, {"done.json": "half"})
+            raise RuntimeError("writer crashed")
+    assert _contents(out) == {"done.json": "old"} and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+    real = os.rename
+    calls: list[str] = []
+
+    def second_rename_fails(src, dst):
+        calls.append(os.path.basename(dst))
+        if len(calls) == 2:  # the old folder is aside, the new one not yet in place
+            assert not os.path.exists(out)
+            raise OSError("rename failed")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "rename", second_rename_fails)
+    with pytest.raises(OSError, match="rename failed"):
+        with io.output_dir(out, marker="done.json") as new:
+            _folder(new, {"done.json": "new"})
+    monkeypatch.undo()
+    assert calls[1] == "out" and calls[2] == "out"  # renamed aside, failed, renamed back
+    assert _contents(out) == {"done.json": "old"} and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_output_dir_requires_the_writer_to_leave_its_marker(tmp_path):
+    with pytest.raises(RuntimeError, match="left no done.json"):
+        with io.output_dir(tmp_path / "out", marker="done.json") as new:
+            (new / "other").write_text("x")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_file_write_onto_a_folder_is_refused_with_one_line(tmp_path):
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(OutputPathError, match=r"dir is a folder, not a file; give the path of a file"):
+        io.atomic_write_text(tmp_path / "dir", "x")
+    assert [p.name for p in tmp_path.iterdir()] == ["dir"] and list((tmp_path / "dir").iterdir()) == []

@@ -5,7 +5,8 @@ below is re-exported here and loaded on first use, PEP 562, so ``import nas.expo
 onnx or mlflow):
 
 - :mod:`nas.export.folder`: the export folder (``model.safetensors``, ``model.json``, ``arch.json``,
-  ``spm.model``, ``export.json``): :func:`export_arch`, :func:`load_export`, :class:`Exported`.
+  ``spm.model``, ``export.json``): :func:`export_arch`, :func:`load_export`, :class:`Exported`, and
+  :data:`PROVENANCE` (``export.json``, the file that marks a folder as an export).
 - :mod:`nas.export.onnx`: :func:`export_onnx` (``encoder.onnx``, ``decoder_step.onnx``, ``onnx.json`` and
   ``translate_onnx.py`` added to an export folder) and :func:`verify_onnx` (PyTorch against onnxruntime).
 - :mod:`nas.export.translate_onnx`: the standalone translation script copied into every ONNX folder
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 from nas.lazy import lazy_exports
 
 _MODULES = {
-    "folder": ("export_arch", "load_export", "Exported"),
+    "folder": ("export_arch", "load_export", "Exported", "PROVENANCE"),
     "onnx": ("export_onnx", "verify_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"),
     "mlflow_model": ("CHAMPION", "EXPORT_FILES", "LoggedTranslator", "Translator", "log_translator",
                      "pip_requirements"),
@@ -29,12 +30,12 @@ _MODULES = {
 """Submodule -> the public names it defines (its ``__all__``)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["CHAMPION", "EXPORT_FILES", "Exported", "LoggedTranslator", "MANIFEST", "MIN_OPSET", "TRANSLATE_SCRIPT",
-           "Translator", "export_arch", "export_onnx", "load_export", "log_translator", "pip_requirements",
-           "verify_onnx"]
+__all__ = ["CHAMPION", "EXPORT_FILES", "Exported", "LoggedTranslator", "MANIFEST", "MIN_OPSET", "PROVENANCE",
+           "TRANSLATE_SCRIPT", "Translator", "export_arch", "export_onnx", "load_export", "log_translator",
+           "pip_requirements", "verify_onnx"]
 
 if TYPE_CHECKING:
-    from nas.export.folder import Exported, export_arch, load_export
+    from nas.export.folder import PROVENANCE, Exported, export_arch, load_export
     from nas.export.mlflow_model import (CHAMPION, EXPORT_FILES, LoggedTranslator, Translator, log_translator,
                                          pip_requirements)
     from nas.export.onnx import MANIFEST, MIN_OPSET, TRANSLATE_SCRIPT, export_onnx, verify_onnx

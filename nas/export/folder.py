@@ -5,7 +5,8 @@ An export folder holds exactly what translation needs, and nothing of the supern
 - ``model.safetensors`` - the cropped weights (``extract(arch)``),
 - ``model.json`` - the constructor config (its maxima are the arch),
 - ``arch.json`` - the architecture, ``spm.model`` - the SentencePiece model,
-- ``export.json`` - provenance (MLflow run id, metrics, beam size).
+- ``export.json`` - provenance (MLflow run id, metrics, beam size); it also marks the folder as an export,
+  which a later export may replace without ``--force``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from pathlib import Path
 
 from nas.data import Tokenizer
 from nas.eval.scores import translate
-from nas.io import atomic_write_text
+from nas.io import atomic_write_text, output_dir
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
 
-__all__ = ["export_arch", "load_export", "Exported"]
+__all__ = ["export_arch", "load_export", "Exported", "PROVENANCE"]
+
+PROVENANCE = "export.json"
+"""The provenance file every export folder (ONNX ones too) holds: the marker of an earlier export."""
 
 
 @dataclass(frozen=True)
@@ -38,31 +42,29 @@ class Exported:
 
 
 def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out: str | Path, *,
-                beam_size: int = 4, provenance: dict | None = None) -> Path:
+                beam_size: int = 4, provenance: dict | None = None, force: bool = False) -> Path:
     """Crop ``arch`` out of the supernet saved in ``supernet_dir`` and write an export folder.
 
-    The folder is assembled under a temporary name and renamed into place, so an
-    interrupted export never leaves a half-written folder; an existing ``out`` is replaced.
+    The folder is written as a temporary sibling and swapped into place (:func:`nas.io.output_dir`), so an
+    interrupted export leaves the earlier one whole. ``out`` may be new, empty or an earlier export (it
+    holds :data:`PROVENANCE`); any other folder is replaced only with ``force``, and the current folder,
+    its ancestors and the home folder never.
 
     Raises:
         FileNotFoundError: the supernet or SentencePiece file is missing (names it).
         ValueError: ``arch`` exceeds the supernet (names the choice).
+        OutputPathError: ``out`` may not be replaced (names it and a few of its entries).
     """
-    out = Path(out)
     spm_model = Path(spm_model)
     if not spm_model.is_file():
         raise FileNotFoundError(f"SentencePiece model not found: {spm_model}")
     sub = extract(load_model(supernet_dir, "supernet"), arch)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(sub, tmp, "model")
-    shutil.copyfile(spm_model, tmp / "spm.model")
-    atomic_write_text(tmp / "arch.json", json.dumps(arch.to_dict(), indent=2))
-    atomic_write_text(tmp / "export.json", json.dumps({"beam_size": beam_size, **(provenance or {})}, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    with output_dir(out, marker=PROVENANCE, force=force) as tmp:
+        save_model(sub, tmp, "model")
+        shutil.copyfile(spm_model, tmp / "spm.model")
+        atomic_write_text(tmp / "arch.json", json.dumps(arch.to_dict(), indent=2))
+        atomic_write_text(tmp / PROVENANCE, json.dumps({"beam_size": beam_size, **(provenance or {})}, indent=2))
+    return Path(out)
 
 
 def load_export(directory: str | Path) -> Exported:
@@ -72,9 +74,9 @@ def load_export(directory: str | Path) -> Exported:
         FileNotFoundError: a file of the export is missing (names it).
     """
     directory = Path(directory)
-    meta_file = directory / "export.json"
+    meta_file = directory / PROVENANCE
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a nas export (no export.json); create one with `nas export`")
+        raise FileNotFoundError(f"{directory} is not a nas export (no {PROVENANCE}); create one with `nas export`")
     meta = json.loads(meta_file.read_text(encoding="utf-8"))
     model = load_model(directory, "model")
     arch = Arch.from_dict(json.loads((directory / "arch.json").read_text(encoding="utf-8")))

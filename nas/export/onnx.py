@@ -39,8 +39,9 @@ import torch
 from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, Tokenizer
+from nas.export.folder import PROVENANCE
+from nas.io import atomic_write_text, output_dir
 from nas.model.decode import beam_search
-from nas.io import atomic_write_text
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
@@ -51,7 +52,7 @@ MANIFEST = "onnx.json"
 MIN_OPSET = 18
 """The lowest ONNX opset the torch.export-based exporter writes."""
 _FORMAT_VERSION = 1
-_TORCH_FILES = ("model.safetensors", "model.json", "arch.json", "export.json", "spm.model")
+_TORCH_FILES = ("model.safetensors", "model.json", "arch.json", PROVENANCE, "spm.model")
 TRANSLATE_SCRIPT = Path(__file__).with_name("translate_onnx.py").read_text(encoding="utf-8")
 """The standalone translation script written into every ONNX folder: the source of :mod:`nas.export.translate_onnx`."""
 
@@ -315,12 +316,15 @@ def _manifest(model: SuperTransformer, arch: Arch, folder: Path, opset: int, bea
 
 
 def export_onnx(source: str | Path | SuperTransformer, out_dir: str | Path, *, spm_model: str | Path | None = None,
-                arch: Arch | None = None, beam_size: int | None = None, opset: int = MIN_OPSET) -> Path:
+                arch: Arch | None = None, beam_size: int | None = None, opset: int = MIN_OPSET,
+                force: bool = False) -> Path:
     """Write an ONNX folder (see the module docstring) for an exported sub-Transformer.
 
-    The folder is assembled under a temporary name and renamed into place, so an
-    interrupted export never leaves a half-written folder; an existing ``out_dir`` is
-    replaced (``out_dir`` may be ``source`` itself: the export then gains the ONNX files).
+    The folder is written as a temporary sibling and swapped into place (:func:`nas.io.output_dir`), so an
+    interrupted export leaves the earlier folder whole. ``out_dir`` may be new, empty or an earlier export
+    (it holds ``export.json``; ``out_dir`` may be ``source`` itself: the export then gains the ONNX files);
+    any other folder is replaced only with ``force``, and the current folder, its ancestors and the home
+    folder never.
 
     Args:
         source: a folder written by ``nas export`` (``nas.export.export_arch``), or a model
@@ -331,20 +335,18 @@ def export_onnx(source: str | Path | SuperTransformer, out_dir: str | Path, *, s
             default the folder's ``arch.json``, or the model's widest.
         beam_size: the default beam size of ``translate_onnx.py``; default the folder's, else 4.
         opset: the ONNX opset (>= 18).
+        force: replace an ``out_dir`` that holds files and is not an export.
     Returns:
-        ``out_dir``.
+        ``out_dir``, absolute.
     Raises:
         FileNotFoundError: a file of the export, or ``spm_model``, is missing (names it).
         ValueError: ``opset`` below 18, a model ``source`` without ``spm_model``, or ``arch`` beyond
             the model (names the choice).
+        OutputPathError: ``out_dir`` may not be replaced (names it and a few of its entries).
     """
     if opset < MIN_OPSET:
         raise ValueError(f"opset={opset} is below {MIN_OPSET}, the lowest the torch.export-based ONNX exporter writes")
-    out = Path(out_dir).resolve()
-    tmp = out.with_name(f".{out.name}.onnx-tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with output_dir(out_dir, marker=PROVENANCE, force=force) as tmp:
         model, arch, beam_size = _stage_source(source, tmp, spm_model, arch, beam_size)
         was_training = model.training
         model.eval()
@@ -355,13 +357,7 @@ def export_onnx(source: str | Path | SuperTransformer, out_dir: str | Path, *, s
         manifest = _manifest(model, arch, tmp, opset, beam_size, cache)
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2))
         atomic_write_text(tmp / "translate_onnx.py", TRANSLATE_SCRIPT)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    return out
+    return Path(out_dir).resolve()
 
 
 def _stage_source(source: str | Path | SuperTransformer, tmp: Path, spm_model: str | Path | None,
@@ -373,7 +369,7 @@ def _stage_source(source: str | Path | SuperTransformer, tmp: Path, spm_model: s
         for name in _TORCH_FILES:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder / name} not found; export_onnx needs a folder written by `nas export`")
-        provenance = json.loads((folder / "export.json").read_text(encoding="utf-8"))
+        provenance = json.loads((folder / PROVENANCE).read_text(encoding="utf-8"))
         arch = arch or Arch.from_dict(json.loads((folder / "arch.json").read_text(encoding="utf-8")))
         spm_model = spm_model or folder / "spm.model"
         source = load_model(folder, "model")
@@ -390,7 +386,7 @@ def _stage_source(source: str | Path | SuperTransformer, tmp: Path, spm_model: s
     save_model(source, tmp, "model")
     shutil.copyfile(spm_model, tmp / "spm.model")
     atomic_write_text(tmp / "arch.json", json.dumps(arch.to_dict(), indent=2))
-    atomic_write_text(tmp / "export.json", json.dumps({**provenance, "beam_size": beam_size}, indent=2))
+    atomic_write_text(tmp / PROVENANCE, json.dumps({**provenance, "beam_size": beam_size}, indent=2))
     return source, arch, beam_size
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from nas.errors import NasError
 from nas.io import atomic_write_bytes
+from nas.redact import REDACTED, redact_url
 from nas import tracking
 from nas.tracking.plots import pareto_png
 from nas.tracking.pareto import Objective
@@ -103,14 +104,15 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
             raise ImportanceError(f"sweep {sweep_id!r}: its parent run has neither a {TAG_OPTUNA_STORAGE} nor a "
                                   "nas.supernet_dir tag; pass --storage FILE_OR_URL")
         location = str(Path(supernet_dir).parent / _JOURNAL)
+    address = redact_url(location)
     if "://" in location:
-        if "***" in location:
-            raise ImportanceError(f"the Optuna storage {location} is redacted in MLflow; pass --storage URL with "
+        if REDACTED in location:
+            raise ImportanceError(f"the Optuna storage {address} is redacted in MLflow; pass --storage URL with "
                                   "the password")
         try:
             backend = optuna.storages.RDBStorage(location)
         except Exception as e:  # sqlalchemy / driver errors
-            raise ImportanceError(f"cannot open the Optuna storage {location.split('@')[-1]}: "
+            raise ImportanceError(f"cannot open the Optuna storage {address}: "
                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     else:
         if not Path(location).is_file():
@@ -125,12 +127,11 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
             name = names[0]
         else:
             shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "") if names else "none"
-            raise ImportanceError(f"cannot tell which Optuna study in {location} is sweep {sweep_id!r} "
+            raise ImportanceError(f"cannot tell which Optuna study in {address} is sweep {sweep_id!r} "
                                   f"(studies: {shown}); pass --study NAME")
     if name not in names:
-        raise ImportanceError(f"no Optuna study {name!r} in {location} (studies: {', '.join(names[:10]) or 'none'})")
-    shown_location = location.split("@")[-1] if "://" in location else location
-    return optuna.load_study(study_name=name, storage=backend), f"{name} @ {shown_location}"
+        raise ImportanceError(f"no Optuna study {name!r} in {address} (studies: {', '.join(names[:10]) or 'none'})")
+    return optuna.load_study(study_name=name, storage=backend), f"{name} @ {address}"
 
 
 def param_importances(study: optuna.Study, objective_names: Sequence[str] = ()) -> dict[str, dict[str, float]]:

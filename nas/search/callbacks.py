@@ -18,6 +18,7 @@ from ray.tune import Callback
 from rich.console import Console
 
 from nas import tracking
+from nas.redact import redact_url
 from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, error_line
 
 __all__ = ["MlflowTrialCallback"]
@@ -67,7 +68,8 @@ class MlflowTrialCallback(Callback):
         runs = tracking.find_tagged_runs(self.experiment, {tracking.TAG_ROLE: "sweep", tracking.TAG_SWEEP_ID: self.sweep_id})
         if not runs:
             raise RuntimeError(f"no MLflow parent run for sweep {self.sweep_id!r} in experiment {self.experiment!r} "
-                               f"at {tracking.tracking_uri()}; was MLFLOW_TRACKING_URI changed since the sweep started?")
+                               f"at {redact_url(tracking.tracking_uri())}; was MLFLOW_TRACKING_URI changed since the "
+                               "sweep started?")
         self.parent_run_id = runs[0].info.run_id
 
     def on_trial_start(self, iteration: int, trials: list, trial, **info) -> None:

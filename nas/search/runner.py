@@ -35,10 +35,11 @@ from nas import tracking
 from nas.builders import prepare_sweep_data
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
-from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, redact_url
+from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
+from nas.redact import redact_url
 from nas.space.space import SearchSpace
 from nas.space import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
@@ -493,4 +494,5 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
              for role in ("sweep", "supernet")}
     return SweepStatus(spec.name, record.sweep_id, spec.search.trials, optuna_counts, ray_counts,
                        dict(Counter(r.info.status for r in trial_runs)), sum(n - 1 for n in keys.values()), other,
-                       {"optuna": ref.location, "ray": str(exp_dir), "mlflow": tracking.tracking_uri()})
+                       {"optuna": ref.location, "ray": redact_url(str(exp_dir)),
+                        "mlflow": redact_url(tracking.tracking_uri())})

@@ -33,10 +33,11 @@ from ray.tune import Callback
 from ray.tune.search import Searcher
 
 from nas.builders import build_sampler
+from nas.redact import redact_url
 from nas.space import SearchSpec, SpecError
 
 __all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
-           "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL", "redact_url"]
+           "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL"]
 
 OPTUNA_TRIAL_KEY = "optuna_trial"
 """Key of the Optuna trial number in a Ray trial's config (stripped before the arch is built)."""
@@ -53,15 +54,6 @@ ATTR_ERROR = "error"
 """Optuna user attribute of a failed trial: its exception line."""
 
 _OPEN = (TrialState.RUNNING, TrialState.WAITING)
-
-
-def redact_url(url: str) -> str:
-    """``scheme://user:PASSWORD@host/db`` -> ``scheme://user:***@host/db`` (for messages and logs)."""
-    scheme, sep, rest = url.partition("://")
-    creds, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in creds:
-        return url
-    return f"{scheme}://{creds.split(':', 1)[0]}:***@{host}"
 
 
 _REAL_URLS: dict[str, str] = {}

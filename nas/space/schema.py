@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from nas.redact import REDACTED
 from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 from nas.space.constraints import Constraint, parse_constraint
 
@@ -23,8 +24,8 @@ __all__ = ["SweepSpec", "DataSpec", "PairFiles", "TokenizerSpec", "SupernetSpec"
            "MetricSpec", "FinetuneSpec", "SearchSpec", "ResourcesSpec", "TrackingSpec", "OPTUNA_STORAGE_SCHEMES",
            "REDACTED"]
 
-REDACTED = "***"
-"""What values interpolated from the environment (``${VAR}``) are replaced by wherever the spec is logged."""
+# REDACTED (:mod:`nas.redact`) is what values interpolated from the environment (``${VAR}``) are replaced by
+# wherever the spec is logged.
 
 
 class _Strict(BaseModel):

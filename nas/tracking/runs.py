@@ -17,6 +17,7 @@ from mlflow.entities import Metric, Param, ViewType
 from mlflow.tracking import MlflowClient
 
 from nas.errors import NotFoundError
+from nas.redact import redact_url
 from nas.tracking.layout import STAGE_NAMES, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID, tracking_uri
 
 __all__ = ["PAGE_SIZE", "get_client", "ensure_experiment", "experiment_id", "flatten", "start_run", "log_metrics",
@@ -59,7 +60,7 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is None or exp.lifecycle_stage == "deleted":
         raise NotFoundError(
-            f"no MLflow experiment named {name!r} at {tracking_uri()}; "
+            f"no MLflow experiment named {name!r} at {redact_url(tracking_uri())}; "
             "run `nas sweep FILE` first or set MLFLOW_TRACKING_URI"
         )
     return exp.experiment_id

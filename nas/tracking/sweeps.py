@@ -9,6 +9,7 @@ import mlflow
 from mlflow.entities import ViewType
 
 from nas.errors import NotFoundError
+from nas.redact import redact_url
 from nas.space.constraints import Constraint, parse_constraint
 from nas.tracking.layout import PARAM_CONSTRAINTS, TAG_OBJECTIVES, TAG_ROLE, TAG_SWEEP_ID, tracking_uri
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives
@@ -35,7 +36,7 @@ def find_sweep_run(sweep_id: str, experiment: str | None = None) -> mlflow.entit
                               order_by=["attributes.start_time DESC"]) if exp_ids else []
     if not runs:
         where = f"experiment {experiment!r}" if experiment else "any experiment"
-        raise NotFoundError(f"no sweep with nas.sweep_id {sweep_id!r} in {where} at {tracking_uri()}; "
+        raise NotFoundError(f"no sweep with nas.sweep_id {sweep_id!r} in {where} at {redact_url(tracking_uri())}; "
                           "list sweeps with `nas leaderboard` or check --experiment")
     return runs[0]
 

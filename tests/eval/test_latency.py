@@ -212,3 +212,19 @@ def test_latency_fit_without_a_trained_supernet_names_the_folder_and_exits_2(mul
     result = CliRunner().invoke(app, ["latency", "fit", str(spec_file)])
     assert result.exit_code == 2
     assert "no trained supernet" in " ".join(result.output.split()) and "supernet" in result.output
+
+
+def test_latency_fit_onto_a_folder_fails_before_measuring(multi30k, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+    from tests.conftest import tiny_spec_dict
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
+    (tmp_path / "predictors").mkdir()
+    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file), "--out", str(tmp_path / "predictors")])
+    assert result.exit_code == 2
+    assert f"--out: {tmp_path / 'predictors'} is a folder, not a file" in " ".join(result.stderr.split())
+    assert list((tmp_path / "predictors").iterdir()) == []

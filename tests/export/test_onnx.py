@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nas.data import Tokenizer, read_lines
+from nas.errors import OutputPathError
 from nas.eval.scores import translate
 from nas.export import export_arch, load_export
 from nas.model import SuperTransformer
@@ -139,6 +140,30 @@ def test_a_failed_export_leaves_no_folder(tokenizer, tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="exporter crashed"):
         export_onnx(model, tmp_path / "out", spm_model=tokenizer.model_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_onnx_export_refuses_a_folder_of_other_files_and_keeps_an_export_whole_on_failure(tokenizer, tmp_path,
+                                                                                          monkeypatch):
+    import nas.export.onnx as onnx_module
+
+    model = SuperTransformer(tokenizer.vocab_size, 16, 2, Arch(StackArch((16,), (32,)), StackArch((16,), (32,))))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "data.csv").write_text("keep")
+    with pytest.raises(OutputPathError, match=r"mine is not empty and is no earlier output .*: data.csv; .*--force"):
+        export_onnx(model, tmp_path / "mine", spm_model=tokenizer.model_path)
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["data.csv"]
+
+    save_model(model, tmp_path / "sn", "supernet")
+    plain = export_arch(tmp_path / "sn", tokenizer.model_path, model.full_arch, tmp_path / "plain")
+    before = {p.name: p.read_bytes() for p in plain.iterdir()}
+    def crash(*args, **kwargs):
+        raise RuntimeError("crash")
+
+    monkeypatch.setattr(onnx_module, "_write_graphs", crash)
+    with pytest.raises(RuntimeError, match="crash"):
+        export_onnx(plain, plain)  # in place: the export must stay as it was
+    assert {p.name: p.read_bytes() for p in plain.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "plain", "sn"]
 
 
 def test_bad_inputs_are_named(tokenizer, tmp_path):

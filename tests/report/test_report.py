@@ -153,6 +153,16 @@ def test_report_of_an_unknown_sweep_or_format_fails_with_exit_code_2(sweep, tmp_
     assert list(tmp_path.glob("*.html")) == []
 
 
+@pytest.mark.parametrize("fmt", ["html", "md"])
+def test_report_onto_a_folder_fails_in_one_line_and_leaves_the_folder(sweep, tmp_path, fmt):
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "old.html").write_text("keep")
+    result = CliRunner().invoke(app, ["report", "R1", "--format", fmt, "--out", str(tmp_path / "reports")])
+    assert result.exit_code == 2, result.output
+    assert f"--out: {tmp_path / 'reports'} is a folder, not a file" in " ".join(result.stderr.split())
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == ["old.html"]
+
+
 def _feasible_best(bound: float, top: int) -> list[int]:
     """Trial numbers of the ``top`` best designed trials by BLEU with latency_ms <= ``bound``."""
     rows = list(enumerate(_designed_trials()))

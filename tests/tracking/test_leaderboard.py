@@ -197,6 +197,18 @@ def test_cli_leaderboard_marks_the_front_filters_and_writes_the_plot(populated, 
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.parametrize("args", [["--format", "csv", "--out"], ["--format", "parquet", "--out"], ["--plot"]])
+def test_cli_leaderboard_file_onto_a_folder_fails_in_one_line_and_leaves_the_folder(populated, tmp_path, args):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "mine.csv").write_text("keep")
+    result = CliRunner().invoke(app, ["leaderboard", "--experiment", EXP, "--pareto", *args, str(folder)])
+    assert result.exit_code == 2, result.output
+    assert f"{args[-1]}: {folder} is a folder, not a file" in " ".join(result.stderr.split())
+    assert result.exception is None or isinstance(result.exception, SystemExit)  # no traceback
+    assert [p.name for p in folder.iterdir()] == ["mine.csv"] and not list(tmp_path.glob(".results*"))
+
+
 def test_sweep_objectives_come_from_the_tag_then_the_yaml_artifact(populated, tmp_path):
     client = tracking.get_client()
     sweep = tracking.find_sweep_run("A", EXP)
