@@ -63,17 +63,28 @@ def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
         spec: the sweep YAML or its loaded spec.
         out_dir: the checkpoint folder (default ``<workdir>/<name>/supernet``).
         progress: show a progress bar (default: when stderr is a terminal).
+
+    Raises:
+        SpecError: bad input. RunLockedError: another process (a sweep, ``nas train``) writes into the run
+            folder ``<workdir>/<name>``, or into ``out_dir`` when it lies outside that folder; nothing is written.
     """
-    from nas import tracking
-    from nas.builders import prepare_sweep_data
-    from trainers import train_supernet
+    from nas.locks import lock_folder, run_lock
 
     if isinstance(spec, (str, Path)):
         from nas.space import load_spec as _load
 
         spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
-    data = prepare_sweep_data(spec)
     target = Path(out_dir) if out_dir is not None else spec.run_dir / "supernet"
+    with run_lock(lock_folder(spec.run_dir, target), f"nas train {spec.name}"):  # before anything is written
+        return _train_locked(spec, target, progress)
+
+
+def _train_locked(spec: "SweepSpec", target: Path, progress: bool | None) -> "TrainResult":
+    from nas import tracking
+    from nas.builders import prepare_sweep_data
+    from trainers import train_supernet
+
+    data = prepare_sweep_data(spec)
     for stale in tracking.find_tagged_runs(spec.experiment, {"nas.role": "supernet",
                                                              "nas.supernet_dir": str(target.resolve())},
                                            status="RUNNING"):  # left by a killed `nas train` of this folder

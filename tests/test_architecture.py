@@ -3,7 +3,7 @@
 The layers, bottom to top (issue 13): a module may import its own layer or lower ones, never a
 higher one; imports inside functions count. Within a layer the module graph has no cycle.
 
-    foundation (errors, io, redact, faults, lazy; the standalone nas.export.translate_onnx) -> spec (nas.space) -> data
+    foundation (errors, io, locks, redact, faults, lazy; the standalone nas.export.translate_onnx) -> spec (nas.space) -> data
     -> model (nas.model, precision) -> scoring (nas.eval) -> builders -> trainers -> tracking (and its plots)
     -> search (nas.search, with fidelity; preflight) -> export / report (nas.export, nas.report)
     -> cli (and the lazy public API in nas/__init__.py)
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "trainers")
 LAYERS: list[tuple[str, ...]] = [
-    ("nas.errors", "nas.io", "nas.redact", "nas.faults", "nas.lazy", "nas.export.translate_onnx"),
+    ("nas.errors", "nas.io", "nas.locks", "nas.redact", "nas.faults", "nas.lazy", "nas.export.translate_onnx"),
     ("nas.space",),
     ("nas.data",),
     ("nas.model", "nas.precision"),

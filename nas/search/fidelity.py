@@ -52,6 +52,7 @@ from nas.errors import NasError
 from nas.data import PreparedData
 from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.io import atomic_write_bytes, atomic_write_text
+from nas.locks import lock_folder, run_lock
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.space.arch import Arch
@@ -311,6 +312,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
         ValueError: an unknown metric, a bad ``k`` or ``steps``, or a stored arch file trained with other
             settings (names the file and the settings that differ).
         FloatingPointError: standalone training diverged.
+        RunLockedError: another process writes into the run folder (``out_dir`` inside it) or ``out_dir``.
     """
     if metric not in METRICS:
         raise NasError(f"metric {metric!r}: expected one of {', '.join(METRICS)}")
@@ -319,68 +321,70 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
         raise NasError(f"steps={steps}: standalone training needs at least 1 step")
     folder = check_supernet(spec, "FILE")
     out_dir = Path(out_dir) if out_dir is not None else spec.run_dir / "fidelity" / f"steps_{steps}_seed_{seed}"
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if spec.train.threads:
-        torch.set_num_threads(spec.train.threads)
-    supernet = load_model(folder, "supernet").to(device)
-    supernet_sha = _sha256(folder / "supernet.safetensors")
-    space = SearchSpace.from_spec(spec)
-    archs = spread_archs(space, k, lambda arch: count_params(extract(supernet, arch)), seed=seed, samples=samples)
-    show = sys.stderr.isatty() if progress is None else progress
-    rows, trained = [], 0
-    inherited_key = {"supernet_sha256": supernet_sha, "beam_size": spec.search.beam_size,
-                     "valid_sentences": spec.search.valid_sentences}
-    with _progress(show) as bar:
-        arch_task = bar.add_task("archs", total=len(archs), info="")
-        step_task = bar.add_task("steps", total=steps, info="")
-        for arch in archs:
-            path = out_dir / f"arch_{arch.arch_id}.json"
-            sub = extract(supernet, arch)
-            settings = _standalone_settings(spec, data, sub.config(), steps, seed)
-            stored = _read_json(path) or {}
-            row = {"arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
-                   "params_m": count_params(sub) / 1e6}
-            del sub
-            bar.update(arch_task, info=row["arch_summary"])
-            if stored.get("standalone") is not None and stored.get("settings") != settings:
-                changed = sorted(key for key in settings if stored.get("settings", {}).get(key) != settings[key])
-                raise NasError(f"{path} holds a standalone result trained with other settings ({', '.join(changed)}); "
-                                 f"pass another --out or delete that file")
-            dirty = False
-            if stored.get("inherited") is not None and stored.get("inherited_key") == inherited_key:
-                inherited = stored["inherited"]
-            else:
-                inherited, dirty = score_model(supernet, arch, spec, data), True
-            standalone = stored.get("standalone")
-            if standalone is None:
-                atomic_write_text(path, json.dumps({**row, "inherited": inherited, "inherited_key": inherited_key,
-                                                    "standalone": None, "settings": settings}, indent=2))
-                bar.reset(step_task, total=steps, info="")
-                model = standalone_model(supernet, arch, seed=seed)
-                stats = train_standalone(model, arch, spec, data, steps, device=device,
-                                         on_step=lambda s, loss: bar.update(step_task, completed=s,
-                                                                            info=f"loss {loss:.3f}"))
-                standalone = {**score_model(model, arch, spec, data), **stats}
-                trained += 1
-                dirty = True
-                del model
-            if dirty:
-                atomic_write_text(path, json.dumps({**row, "inherited": inherited, "inherited_key": inherited_key,
-                                                    "standalone": standalone, "settings": settings}, indent=2))
-            rows.append({**row, "inherited": inherited, "standalone": standalone})
-            bar.update(arch_task, advance=1)
-            if not show:  # a log file gets one line per arch instead of the bars
-                print(f"fidelity {len(rows)}/{len(archs)} {row['arch_summary']} ({row['params_m']:.2f} M): "
-                      f"inherited BLEU {inherited['bleu']:.2f} loss {inherited['valid_loss']:.3f}, standalone BLEU "
-                      f"{standalone['bleu']:.2f} loss {standalone['valid_loss']:.3f}"
-                      f" ({standalone.get('train_seconds', 0.0):.0f} s of training{'' if dirty else ', stored'})",
-                      file=sys.stderr, flush=True)
-    correlation = rank_correlation([r["inherited"][metric] for r in rows], [r["standalone"][metric] for r in rows])
-    result = FidelityResult(rows=rows, correlation=correlation, metric=metric, k=k, steps=steps, seed=seed,
-                            out_dir=out_dir, supernet_dir=folder, trained=trained,
-                            extra={"standalone_seconds": sum(r["standalone"].get("train_seconds", 0.0) for r in rows)})
-    atomic_write_text(result.path, json.dumps(result.summary(), indent=2))
-    return result
+    with run_lock(lock_folder(spec.run_dir, out_dir), f"nas fidelity {spec.name}"):  # before anything is written
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if spec.train.threads:
+            torch.set_num_threads(spec.train.threads)
+        supernet = load_model(folder, "supernet").to(device)
+        supernet_sha = _sha256(folder / "supernet.safetensors")
+        space = SearchSpace.from_spec(spec)
+        archs = spread_archs(space, k, lambda arch: count_params(extract(supernet, arch)), seed=seed, samples=samples)
+        show = sys.stderr.isatty() if progress is None else progress
+        rows, trained = [], 0
+        inherited_key = {"supernet_sha256": supernet_sha, "beam_size": spec.search.beam_size,
+                         "valid_sentences": spec.search.valid_sentences}
+        with _progress(show) as bar:
+            arch_task = bar.add_task("archs", total=len(archs), info="")
+            step_task = bar.add_task("steps", total=steps, info="")
+            for arch in archs:
+                path = out_dir / f"arch_{arch.arch_id}.json"
+                sub = extract(supernet, arch)
+                settings = _standalone_settings(spec, data, sub.config(), steps, seed)
+                stored = _read_json(path) or {}
+                row = {"arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
+                       "params_m": count_params(sub) / 1e6}
+                del sub
+                bar.update(arch_task, info=row["arch_summary"])
+                if stored.get("standalone") is not None and stored.get("settings") != settings:
+                    changed = sorted(key for key in settings if stored.get("settings", {}).get(key) != settings[key])
+                    raise NasError(f"{path} holds a standalone result trained with other settings "
+                                   f"({', '.join(changed)}); pass another --out or delete that file")
+                dirty = False
+                if stored.get("inherited") is not None and stored.get("inherited_key") == inherited_key:
+                    inherited = stored["inherited"]
+                else:
+                    inherited, dirty = score_model(supernet, arch, spec, data), True
+                standalone = stored.get("standalone")
+                if standalone is None:
+                    atomic_write_text(path, json.dumps({**row, "inherited": inherited, "inherited_key": inherited_key,
+                                                        "standalone": None, "settings": settings}, indent=2))
+                    bar.reset(step_task, total=steps, info="")
+                    model = standalone_model(supernet, arch, seed=seed)
+                    stats = train_standalone(model, arch, spec, data, steps, device=device,
+                                             on_step=lambda s, loss: bar.update(step_task, completed=s,
+                                                                                info=f"loss {loss:.3f}"))
+                    standalone = {**score_model(model, arch, spec, data), **stats}
+                    trained += 1
+                    dirty = True
+                    del model
+                if dirty:
+                    atomic_write_text(path, json.dumps({**row, "inherited": inherited, "inherited_key": inherited_key,
+                                                        "standalone": standalone, "settings": settings}, indent=2))
+                rows.append({**row, "inherited": inherited, "standalone": standalone})
+                bar.update(arch_task, advance=1)
+                if not show:  # a log file gets one line per arch instead of the bars
+                    print(f"fidelity {len(rows)}/{len(archs)} {row['arch_summary']} ({row['params_m']:.2f} M): "
+                          f"inherited BLEU {inherited['bleu']:.2f} loss {inherited['valid_loss']:.3f}, standalone BLEU "
+                          f"{standalone['bleu']:.2f} loss {standalone['valid_loss']:.3f}"
+                          f" ({standalone.get('train_seconds', 0.0):.0f} s of training{'' if dirty else ', stored'})",
+                          file=sys.stderr, flush=True)
+        correlation = rank_correlation([r["inherited"][metric] for r in rows], [r["standalone"][metric] for r in rows])
+        result = FidelityResult(rows=rows, correlation=correlation, metric=metric, k=k, steps=steps, seed=seed,
+                                out_dir=out_dir, supernet_dir=folder, trained=trained,
+                                extra={"standalone_seconds": sum(r["standalone"].get("train_seconds", 0.0)
+                                                                 for r in rows)})
+        atomic_write_text(result.path, json.dumps(result.summary(), indent=2))
+        return result
 
 
 # --------------------------------------------------------------------------- plot and MLflow

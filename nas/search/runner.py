@@ -8,19 +8,17 @@ A sweep is identified by its YAML ``name``: ``<workdir>/<name>/sweep.json`` (wri
 when the sweep first starts) holds its id, and running ``nas sweep`` again after the driver was killed
 continues it: the Optuna study is loaded, the Ray Tune experiments are restored
 (``Tuner.restore``), and MLflow runs are reused (runs left RUNNING by the killed driver are ended
-as KILLED first, and reopened when their trial runs again). A lock file keeps two drivers off one sweep.
+as KILLED first, and reopened when their trial runs again). The run folder's lock (:func:`nas.locks.run_lock`,
+taken before data is prepared or anything is written) keeps two drivers off one sweep.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +37,7 @@ from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, Stu
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
+from nas.locks import run_lock
 from nas.redact import redact_url
 from nas.space.space import SearchSpace
 from nas.space import SpecError, SweepSpec
@@ -52,7 +51,6 @@ SWEEP_FILE = "sweep.json"
 """The sweep's identity, under ``<workdir>/<name>/`` (see :class:`SweepRecord`)."""
 SPEC_COPY = "sweep.yaml"
 """The YAML as it was when the sweep started (``nas sweep --resume NAME`` reads it)."""
-LOCK_FILE = "sweep.lock"
 _SETTINGS = ("space", "search", "tracking")
 """Sections a resumed sweep must share with the one that started (the supernet has its own fingerprint)."""
 
@@ -170,30 +168,6 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
     atomic_write_text(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 
-@contextlib.contextmanager
-def _sweep_lock(run_dir: Path, name: str) -> Iterator[None]:
-    """Hold ``<run_dir>/sweep.lock`` (``flock``; the kernel releases it when the driver dies).
-
-    Raises:
-        SpecError: another driver holds it (names its pid).
-    """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise SpecError(f"sweep {name!r} is already running (driver pid {pid}, lock {path}); wait for it, "
-                            "or stop that process and run the command again to resume") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
-
-
 # --------------------------------------------------------------------------- Ray
 
 
@@ -239,8 +213,10 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         resume: only continue an existing sweep (error if ``<workdir>/<name>/sweep.json`` is missing).
 
     Raises:
-        SpecError: resources that the Ray cluster cannot provide, an unreachable Optuna storage, another
-            driver running the sweep, no sweep to resume, or settings changed since the sweep started.
+        SpecError: resources that the Ray cluster cannot provide, an unreachable Optuna storage, no sweep to
+            resume, or settings changed since the sweep started.
+        RunLockedError: another process (a driver of this sweep, ``nas train``, ``nas fidelity``) writes into
+            the run folder ``<workdir>/<name>`` (names its pid, host and start time); nothing was prepared.
         SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
     """
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
@@ -248,51 +224,57 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
     if resume and read_sweep_record(run_dir) is None:  # before anything is prepared or written
         raise SpecError(f"no sweep named {spec.name!r} to resume: {run_dir / SWEEP_FILE} does not exist; "
                         f"start it with `nas sweep FILE`")
+    with run_lock(run_dir, f"nas sweep {spec.name}"):  # before data is prepared or anything is written
+        return _run_locked(spec, spec_path, address, resume)
+
+
+def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, resume: bool) -> SweepResult:
+    """:func:`run_sweep` with the run folder's lock held."""
+    run_dir = spec.run_dir.resolve()
     data = prepare_sweep_data(spec)
     supernet_dir = run_dir / "supernet"
     check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
-    with _sweep_lock(run_dir, spec.name):
-        record, resumed = _sweep_record(spec, spec_path, must_exist=resume)
-        sweep_id = record.sweep_id
-        study = study_ref(spec, sweep_id)
-        study.load([("maximize" if m.goal == "maximize" else "minimize") for m in spec.search.metrics])
-        if not resumed:  # after the storage answered: a failed start leaves no record behind
-            _write_record(spec, spec_path, record)
-        if resumed:
-            console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
-        started_ray = _init_ray(spec, address)
-        experiment = spec.experiment
-        tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
-                "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
+    record, resumed = _sweep_record(spec, spec_path, must_exist=resume)
+    sweep_id = record.sweep_id
+    study = study_ref(spec, sweep_id)
+    study.load([("maximize" if m.goal == "maximize" else "minimize") for m in spec.search.metrics])
+    if not resumed:  # after the storage answered: a failed start leaves no record behind
+        _write_record(spec, spec_path, record)
+    if resumed:
+        console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
+    started_ray = _init_ray(spec, address)
+    experiment = spec.experiment
+    tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
+            "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
+    try:
+        parent = _parent_run(spec, record, tags, resumed)
         try:
-            parent = _parent_run(spec, record, tags, resumed)
-            try:
-                killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
-                if killed:
-                    console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
-                ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir,
-                                   results_dir=results_dir(spec, sweep_id))
-                supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
-                completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
-                finetuned: dict[str, int] = {}
-                if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
-                    from nas.search.finetune import finetune_counts, run_finetune_stage
+            killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
+            if killed:
+                console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
+            ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir,
+                               results_dir=results_dir(spec, sweep_id))
+            supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
+            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
+            finetuned: dict[str, int] = {}
+            if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
+                from nas.search.finetune import finetune_counts, run_finetune_stage
 
-                    finetuned = finetune_counts(run_finetune_stage(spec, ctx, experiment, tags, study, sweep_id))
-                tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed,
-                                              "trials_failed": failed, **finetuned})
-                if completed == 0:
-                    raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
-                                      + "\n".join(f"  trial {n}: {e}" for n, e in errors)
-                                      + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
-                log_pareto_plot(experiment, sweep_id, parent)  # pareto.png on the parent run
-                tracking.end_run(parent, "FINISHED")
-            except BaseException as e:
-                tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
-                raise
-        finally:
-            if started_ray:
-                ray.shutdown()
+                finetuned = finetune_counts(run_finetune_stage(spec, ctx, experiment, tags, study, sweep_id))
+            tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed,
+                                          "trials_failed": failed, **finetuned})
+            if completed == 0:
+                raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
+                                  + "\n".join(f"  trial {n}: {e}" for n, e in errors)
+                                  + f"\nfull tracebacks under {ray_dir(spec, sweep_id, 'search')}")
+            log_pareto_plot(experiment, sweep_id, parent)  # pareto.png on the parent run
+            tracking.end_run(parent, "FINISHED")
+        except BaseException as e:
+            tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            raise
+    finally:
+        if started_ray:
+            ray.shutdown()
     return SweepResult(sweep_id, parent, experiment, supernet_dir, supernet_metrics, completed, failed, resumed)
 
 
