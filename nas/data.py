@@ -31,6 +31,7 @@ import torch
 from rich.console import Console
 
 from nas.errors import NasError
+from nas.locks import hold, holder_text, is_held
 from nas.space.datafiles import file_problem
 
 __all__ = [
@@ -324,6 +325,27 @@ def _build(
     }
 
 
+def _entry_lock(root: Path) -> Path:
+    """The lock of the cache entry ``root``: ``<cache_dir>/<key>.lock``, held while it is prepared."""
+    return root.with_name(f"{root.name}.lock")
+
+
+def _remove_leftovers(cache_dir: Path, own: Path) -> list[Path]:
+    """Delete the ``<key>.tmp-*`` folders of preparations that died (``kill -9``, power loss) and return them.
+
+    A folder is a leftover when its entry's lock (:func:`_entry_lock`) is not held: a running preparation
+    holds it from before its folder exists until after it is gone. The caller holds the lock of the entry
+    ``own``, so every temporary folder of that entry is a leftover.
+    """
+    removed = []
+    for tmp in sorted(cache_dir.glob("*.tmp-*")):
+        root = cache_dir / tmp.name.split(".tmp-", 1)[0]
+        if tmp.is_dir() and not tmp.is_symlink() and (root == own or not is_held(_entry_lock(root))):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
 def _publish(tmp: Path, root: Path) -> None:
     """Atomically move the finished ``tmp`` folder to ``root`` (a racing winner is kept)."""
     if root.exists() and not (root / _DONE).exists():
@@ -361,8 +383,13 @@ def prepare_data(
 
     The folder is ``cache_dir / key[:16]`` where ``key`` is a sha256 over the four files'
     bytes and all settings; a folder holding a ``DONE`` marker is reused as is. A new folder
-    is written under a temporary sibling name and renamed into place when complete, so an
+    is written under a temporary sibling name (``<key>.tmp-*``) and renamed into place when complete, so an
     interrupted run never leaves a folder that looks finished.
+
+    One process prepares an entry at a time: it holds ``cache_dir/<key>.lock`` (``flock``, released by the
+    kernel when the process dies) while it builds; a second one waits, then reuses the result. Holding
+    that lock, it first deletes the temporary folders that killed preparations left behind (those whose
+    entry's lock nobody holds), never the folder of a preparation still running.
 
     Raises:
         DataError: a file is missing or unreadable, source and target line counts differ
@@ -385,14 +412,23 @@ def prepare_data(
     train = _read_pairs(paths[0], paths[1], max_train_pairs, _KEYS[:2])
     valid = _read_pairs(paths[2], paths[3], max_valid_pairs, _KEYS[2:])
     cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f"{root.name}.tmp-", dir=cache_dir))
-    try:
-        stats = _build(tmp, train, valid, vocab_size, max_len, seed, say)
-        (tmp / _DONE).write_text(json.dumps({**settings, **stats}, indent=2) + "\n")
-        tmp.chmod(0o755)  # mkdtemp makes it private; the published cache is shared
-        _publish(tmp, root)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    lock = _entry_lock(root)
+    if is_held(lock):
+        say(f"waiting for {holder_text(lock)}, which prepares the same data in {root}…")
+    with hold(lock, command=f"prepare_data {root}", blocking=True):  # one preparation per entry at a time
+        if (root / _DONE).exists():  # the process we waited for prepared it
+            say(f"reusing prepared data in {root}")
+            return _open_prepared(root)
+        for leftover in _remove_leftovers(cache_dir, root):
+            say(f"removed {leftover}, left by a preparation that was killed")
+        tmp = Path(tempfile.mkdtemp(prefix=f"{root.name}.tmp-", dir=cache_dir))
+        try:
+            stats = _build(tmp, train, valid, vocab_size, max_len, seed, say)
+            (tmp / _DONE).write_text(json.dumps({**settings, **stats}, indent=2) + "\n")
+            tmp.chmod(0o755)  # mkdtemp makes it private; the published cache is shared
+            _publish(tmp, root)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     say(f"prepared data in {root}: {stats['train_pairs']} train pairs "
         f"({stats['train_dropped']} dropped), {stats['valid_pairs']} valid pairs, "
         f"vocab {stats['vocab_size']}")

@@ -114,7 +114,7 @@ def test_second_call_reuses_cache_without_retraining(files: list[Path], prepared
     again = prepare_data(*files, vocab_size=500, cache_dir=prepared.root.parent, **SMALL)
     assert again == prepared
     assert prepared.spm_model.stat().st_mtime_ns == mtime
-    assert sorted(p.name for p in prepared.root.parent.iterdir()) == [prepared.root.name]
+    assert sorted(p.name for p in prepared.root.parent.iterdir()) == [prepared.root.name, f"{prepared.root.name}.lock"]
 
 
 def test_changing_vocab_size_gives_a_different_cache_folder(files: list[Path], prepared: PreparedData) -> None:
