@@ -439,16 +439,38 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
 @app.command(name="translate")
 def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by `nas export`."),
                   beam_size: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the export's).")) -> None:
-    """Translate source sentences from stdin (one per line) to stdout."""
+    """Translate source sentences from stdin (one per line, UTF-8) to stdout.
+
+    Empty input gives empty output; a line that is not UTF-8 is an error (exit 2) naming it; a line longer than
+    the model reads is translated truncated, with a warning naming it.
+    """
+    lines = _stdin_lines()
     from nas.export import load_export
 
     try:
         model = load_export(directory)
     except FileNotFoundError as e:
         _fail(str(e))
-    lines = [line.strip() for line in sys.stdin]
+    long_lines = [i + 1 for i in model.too_long(lines)]
+    if long_lines:
+        shown = ", ".join(map(str, long_lines[:10])) + (f" ({len(long_lines)} in all)" if len(long_lines) > 10 else "")
+        err.print(f"[yellow]warning:[/yellow] stdin line{'s' if len(long_lines) > 1 else ''} {shown} "
+                  f"{'are' if len(long_lines) > 1 else 'is'} longer than the model reads: truncated to "
+                  f"{model.max_src_tokens} tokens (SentencePiece pieces) before translating", highlight=False)
     for hyp in model.translate(lines, beam_size=beam_size):
         sys.stdout.write(hyp + "\n")
+
+
+def _stdin_lines() -> list[str]:
+    """The lines of stdin, stripped; fails (exit 2) naming the first line that is not UTF-8."""
+    lines = []
+    for number, raw in enumerate(sys.stdin.buffer.read().splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").strip())
+        except UnicodeDecodeError as e:
+            _fail(f"stdin line {number} is not UTF-8 (byte {e.start + 1} of the line is {raw[e.start:e.start + 1]!r}); "
+                  f"convert the input first, e.g. iconv -f latin1 -t utf-8 FILE | nas translate ...")
+    return lines
 
 
 @space_app.command("show")
