@@ -377,6 +377,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _fail(str(e))
     except Exception as e:  # mlflow raises MlflowException for an unknown run id
         _fail(f"cannot read MLflow run {run_id!r}: {e}")
+    _check_exportable(client, run)
     tags = run.data.tags
     arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
@@ -410,6 +411,32 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                   f"translate with `python {path}/translate_onnx.py < input.txt` (onnxruntime only)")
     if register is not None:
         _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
+
+
+def _check_exportable(client, run) -> None:
+    """Fail (exit 2) unless ``run`` is a FINISHED trial run: name what it is and the kind of run to pass instead."""
+    from nas import tracking
+
+    tags, run_id = run.data.tags, run.info.run_id
+    role, status = tags.get(tracking.TAG_ROLE), run.info.status
+    if role == "trial" and status == "FINISHED":
+        return
+    sweep_id = tags.get(tracking.TAG_SWEEP_ID)
+    if sweep_id is None and tags.get(tracking.TAG_PARENT):
+        try:
+            sweep_id = client.get_run(tags[tracking.TAG_PARENT]).data.tags.get(tracking.TAG_SWEEP_ID)
+        except Exception:  # a deleted parent: the message names no sweep
+            sweep_id = None
+    leaderboard = f"nas leaderboard --sweep {sweep_id}" if sweep_id else "nas leaderboard"
+    of_sweep = f" of sweep {sweep_id}" if sweep_id else ""
+    if role == "trial":
+        _fail(f"run {run_id} is a {status} trial{of_sweep}, which has no scores to export; pass the run id of a "
+              f"FINISHED trial ({leaderboard}) or --best")
+    what = {"sweep": f"the parent run{of_sweep}", "supernet": f"the supernet training run{of_sweep}",
+            "stage": f"a supernet training stage run{of_sweep}", "export": "an export run"}.get(
+        role, f"a run of role {role!r}" if role else "not a nas trial run (no nas.role tag)")
+    trial = "one of its FINISHED trials" if role == "sweep" else "a FINISHED trial"
+    _fail(f"run {run_id} is {what}, not a trial; pass the run id of {trial} ({leaderboard}) or --best")
 
 
 def _register_export(path: Path, name: str, run, valid: Path) -> None:
