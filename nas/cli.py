@@ -80,6 +80,13 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     """
     if resume and status:
         _fail("pass --resume NAME or --status NAME, not both")
+    if not status:
+        from nas import faults
+
+        try:  # a test-only hook; a malformed value would otherwise fail every trial
+            faults.check()
+        except NasError as e:
+            _fail(str(e))
     spec = _spec_for(file, resume or status, workdir, check_files=not status)
     from nas.preflight import BackendError, check_backends
 
