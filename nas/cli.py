@@ -37,8 +37,19 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when pi
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
+    err.print("[bold red]error:[/bold red] " + escape(_one_line(message)), highlight=False)
     raise typer.Exit(code)
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line: several lines (a YAML with several problems, each ``<file>: <key>: ...``) are
+    joined by ``; `` with the prefix they share (up to a ``": "``) written once."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return "".join(lines)
+    shared = os.path.commonprefix(lines)
+    shared = shared[: shared.rfind(": ") + 2] if ": " in shared else ""
+    return shared + "; ".join(line[len(shared):] for line in lines)
 
 
 def _output_file(path: Optional[Path], option: str = "--out") -> None:
