@@ -37,7 +37,9 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when pi
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print("[bold red]error:[/bold red] " + escape(_one_line(message)), highlight=False)
+    """Print ``error: MESSAGE`` and exit with ``code``; bad input (2) always on one line, while a failed run (1)
+    keeps its lines (the errors of its trials, one a line)."""
+    err.print("[bold red]error:[/bold red] " + escape(_one_line(message) if code == 2 else message), highlight=False)
     raise typer.Exit(code)
 
 
