@@ -37,8 +37,21 @@ out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when pi
 
 
 def _fail(message: str, code: int = 2) -> None:
-    err.print("[bold red]error:[/bold red] " + escape(message), highlight=False)
+    """Print ``error: MESSAGE`` and exit with ``code``; bad input (2) always on one line, while a failed run (1)
+    keeps its lines (the errors of its trials, one a line)."""
+    err.print("[bold red]error:[/bold red] " + escape(_one_line(message) if code == 2 else message), highlight=False)
     raise typer.Exit(code)
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line: several lines (a YAML with several problems, each ``<file>: <key>: ...``) are
+    joined by ``; `` with the prefix they share (up to a ``": "``) written once."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return "".join(lines)
+    shared = os.path.commonprefix(lines)
+    shared = shared[: shared.rfind(": ") + 2] if ": " in shared else ""
+    return shared + "; ".join(line[len(shared):] for line in lines)
 
 
 def _output_file(path: Optional[Path], option: str = "--out") -> None:
@@ -80,6 +93,13 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     """
     if resume and status:
         _fail("pass --resume NAME or --status NAME, not both")
+    if not status:
+        from nas import faults
+
+        try:  # a test-only hook; a malformed value would otherwise fail every trial
+            faults.check()
+        except NasError as e:
+            _fail(str(e))
     spec = _spec_for(file, resume or status, workdir, check_files=not status)
     from nas.preflight import BackendError, check_backends
 
@@ -377,6 +397,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _fail(str(e))
     except Exception as e:  # mlflow raises MlflowException for an unknown run id
         _fail(f"cannot read MLflow run {run_id!r}: {e}")
+    _check_exportable(client, run)
     tags = run.data.tags
     arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
@@ -412,6 +433,32 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
 
 
+def _check_exportable(client, run) -> None:
+    """Fail (exit 2) unless ``run`` is a FINISHED trial run: name what it is and the kind of run to pass instead."""
+    from nas import tracking
+
+    tags, run_id = run.data.tags, run.info.run_id
+    role, status = tags.get(tracking.TAG_ROLE), run.info.status
+    if role == "trial" and status == "FINISHED":
+        return
+    sweep_id = tags.get(tracking.TAG_SWEEP_ID)
+    if sweep_id is None and tags.get(tracking.TAG_PARENT):
+        try:
+            sweep_id = client.get_run(tags[tracking.TAG_PARENT]).data.tags.get(tracking.TAG_SWEEP_ID)
+        except Exception:  # a deleted parent: the message names no sweep
+            sweep_id = None
+    leaderboard = f"nas leaderboard --sweep {sweep_id}" if sweep_id else "nas leaderboard"
+    of_sweep = f" of sweep {sweep_id}" if sweep_id else ""
+    if role == "trial":
+        _fail(f"run {run_id} is a {status} trial{of_sweep}, which has no scores to export; pass the run id of a "
+              f"FINISHED trial ({leaderboard}) or --best")
+    what = {"sweep": f"the parent run{of_sweep}", "supernet": f"the supernet training run{of_sweep}",
+            "stage": f"a supernet training stage run{of_sweep}", "export": "an export run"}.get(
+        role, f"a run of role {role!r}" if role else "not a nas trial run (no nas.role tag)")
+    trial = "one of its FINISHED trials" if role == "sweep" else "a FINISHED trial"
+    _fail(f"run {run_id} is {what}, not a trial; pass the run id of {trial} ({leaderboard}) or --best")
+
+
 def _register_export(path: Path, name: str, run, valid: Path) -> None:
     """Log the export folder ``path`` as an MLflow pyfunc model, register it as ``name``, alias champion."""
     import mlflow
@@ -439,16 +486,38 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
 @app.command(name="translate")
 def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by `nas export`."),
                   beam_size: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the export's).")) -> None:
-    """Translate source sentences from stdin (one per line) to stdout."""
+    """Translate source sentences from stdin (one per line, UTF-8) to stdout.
+
+    Empty input gives empty output; a line that is not UTF-8 is an error (exit 2) naming it; a line longer than
+    the model reads is translated truncated, with a warning naming it.
+    """
+    lines = _stdin_lines()
     from nas.export import load_export
 
     try:
         model = load_export(directory)
     except FileNotFoundError as e:
         _fail(str(e))
-    lines = [line.strip() for line in sys.stdin]
+    long_lines = [i + 1 for i in model.too_long(lines)]
+    if long_lines:
+        shown = ", ".join(map(str, long_lines[:10])) + (f" ({len(long_lines)} in all)" if len(long_lines) > 10 else "")
+        err.print(f"[yellow]warning:[/yellow] stdin line{'s' if len(long_lines) > 1 else ''} {shown} "
+                  f"{'are' if len(long_lines) > 1 else 'is'} longer than the model reads: truncated to "
+                  f"{model.max_src_tokens} tokens (SentencePiece pieces) before translating", highlight=False)
     for hyp in model.translate(lines, beam_size=beam_size):
         sys.stdout.write(hyp + "\n")
+
+
+def _stdin_lines() -> list[str]:
+    """The lines of stdin, stripped; fails (exit 2) naming the first line that is not UTF-8."""
+    lines = []
+    for number, raw in enumerate(sys.stdin.buffer.read().splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").strip())
+        except UnicodeDecodeError as e:
+            _fail(f"stdin line {number} is not UTF-8 (byte {e.start + 1} of the line is {raw[e.start:e.start + 1]!r}); "
+                  f"convert the input first, e.g. iconv -f latin1 -t utf-8 FILE | nas translate ...")
+    return lines
 
 
 @space_app.command("show")

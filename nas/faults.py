@@ -15,6 +15,11 @@ environment, so setting it for ``nas sweep`` reaches the trials)::
   trials with an even number; a number P in (0, 1): each call with probability P.
 
 The points today: ``score_trial`` (:func:`nas.search.trials.score_trial`).
+
+Unset, empty or an "off" value (``0``, ``off``, ``false``, ``no``, ``none``; any case) arms nothing, so
+``NAS_TEST_FAULT=0`` left in a shell never fails a user's sweep. Any other value that is not
+``KIND[:WHEN]`` is refused by :func:`check`, which ``nas sweep`` calls before anything starts (exit 2,
+one line), rather than failing every trial.
 """
 
 from __future__ import annotations
@@ -23,14 +28,55 @@ import os
 import random
 from pathlib import Path
 
+from nas.errors import NasError
 from nas.io import atomic_write_text
 
-__all__ = ["ENV", "KINDS", "point"]
+__all__ = ["ENV", "KINDS", "OFF", "FaultSpecError", "check", "parse", "point"]
 
 ENV = "NAS_TEST_FAULT"
 """The environment variable that arms the fault points (tests only)."""
 KINDS = ("raise", "nan", "oom")
 """The faults a point can show."""
+OFF = ("", "0", "off", "false", "no", "none")
+"""Values (stripped, lower-cased) that arm nothing, as if :data:`ENV` were unset."""
+
+
+class FaultSpecError(NasError):
+    """:data:`ENV` holds a value that is neither off nor ``KIND[:WHEN]`` (names it, the grammar and how to unset it)."""
+
+
+def parse(value: str | None) -> tuple[str, str] | None:
+    """``(kind, when)`` armed by the :data:`ENV` value ``value``, or None when it arms nothing (unset or :data:`OFF`).
+
+    Raises:
+        FaultSpecError: any other value that is not ``KIND[:WHEN]`` (names it and the grammar).
+    """
+    if value is None or value.strip().lower() in OFF:
+        return None
+    kind, _, when = value.strip().partition(":")
+    when = when or "always"
+    if kind not in KINDS or not (when in ("always", "first", "even") or _probability(when) is not None):
+        raise FaultSpecError(f"{ENV}={value!r}: expected KIND[:WHEN], KIND in {'|'.join(KINDS)}, WHEN "
+                             f"always|first|even|P with 0 < P < 1 (a test-only hook: unset it, or set it to 0, to run "
+                             f"without injected faults)")
+    return kind, when
+
+
+def check() -> None:
+    """Refuse a malformed :data:`ENV` before anything starts (``nas sweep`` calls it first).
+
+    Raises:
+        FaultSpecError: see :func:`parse`.
+    """
+    parse(os.environ.get(ENV))
+
+
+def _probability(when: str) -> float | None:
+    try:
+        p = float(when)
+    except ValueError:
+        return None
+    return p if 0.0 < p < 1.0 else None
 
 
 def point(name: str, *, number: int | None = None, attempts: str | Path | None = None,
@@ -49,17 +95,14 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
     Raises:
         RuntimeError: armed with ``raise``.
         torch.OutOfMemoryError: armed with ``oom``.
-        ValueError: a malformed :data:`ENV` value (names it and the grammar), or WHEN ``first``
-            without an ``attempts`` file.
+        FaultSpecError: a malformed :data:`ENV` value (see :func:`parse`).
+        ValueError: WHEN ``first`` without an ``attempts`` file.
     """
-    value = os.environ.get(ENV)
-    if not value:
+    armed = parse(os.environ.get(ENV))
+    if armed is None:
         return None
-    kind, _, when = value.partition(":")
-    grammar = f"{ENV}={value!r}: expected KIND[:WHEN], KIND in {'|'.join(KINDS)}, WHEN always|first|even|P"
-    if kind not in KINDS:
-        raise ValueError(grammar)
-    if not _armed(when or "always", grammar, number, attempts):
+    kind, when = armed
+    if not _armed(when, number, attempts):
         return None
     where = label or name
     if kind == "raise":
@@ -71,7 +114,7 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
     return kind
 
 
-def _armed(when: str, grammar: str, number: int | None, attempts: str | Path | None) -> bool:
+def _armed(when: str, number: int | None, attempts: str | Path | None) -> bool:
     if when == "always":
         return True
     if when == "first":
@@ -80,11 +123,7 @@ def _armed(when: str, grammar: str, number: int | None, attempts: str | Path | N
         return _count_attempt(Path(attempts)) == 1
     if when == "even":
         return number is not None and int(number) % 2 == 0
-    try:
-        p = float(when)
-    except ValueError:
-        raise ValueError(grammar) from None
-    return random.random() < p
+    return random.random() < float(when)  # a probability: parse checked it
 
 
 def _count_attempt(path: Path) -> int:

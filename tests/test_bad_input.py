@@ -408,3 +408,13 @@ def test_latency_fit_refuses_counts_below_their_minimum_with_exit_2(tmp_path, op
     result = runner.invoke(app, ["latency", "fit", str(tmp_path / "never-read.yaml"), *option])
     assert result.exit_code == 2, (result.output, result.exception)
     assert option[0] in result.output
+
+
+# ---- the test-only fault hook ---------------------------------------------------------------------------
+
+
+def test_a_malformed_nas_test_fault_is_refused_before_anything_starts(work, monkeypatch):
+    """Not a trial-by-trial failure of the whole sweep: one line at startup that says how to turn the hook off."""
+    monkeypatch.setenv("NAS_TEST_FAULT", "explode")
+    assert_refused(work, [str(write_sweep(work))], "NAS_TEST_FAULT='explode': expected KIND[:WHEN]",
+                   "unset it, or set it to 0")

@@ -38,11 +38,34 @@ def test_even_fires_on_even_trials(monkeypatch):
     assert [faults.point("p", number=n) for n in range(4)] == ["nan", None, "nan", None]
 
 
-@pytest.mark.parametrize("value", ["explode", "nan:sometimes"])
+@pytest.mark.parametrize("value", ["explode", "nan:sometimes", "raise:1.5", "raise:0", "1"])
 def test_malformed_value_names_the_grammar(monkeypatch, value):
     monkeypatch.setenv(faults.ENV, value)
     with pytest.raises(ValueError, match="expected KIND\\[:WHEN\\]"):
         faults.point("score_trial")
+
+
+@pytest.mark.parametrize("value", ["", "  ", "0", "off", "OFF", "false", "no", "none"])
+def test_an_off_value_arms_nothing(monkeypatch, value):
+    monkeypatch.setenv(faults.ENV, value)
+    assert faults.point("score_trial", number=2) is None
+    faults.check()
+    assert faults.parse(value) is None
+
+
+@pytest.mark.parametrize("value, armed", [("raise", ("raise", "always")), (" nan:even ", ("nan", "even")),
+                                          ("oom:0.25", ("oom", "0.25")), ("raise:first", ("raise", "first"))])
+def test_parse_reads_kind_and_when(value, armed):
+    assert faults.parse(value) == armed
+
+
+@pytest.mark.parametrize("value", ["explode", "raise:sometimes", "nan:1", "raise:-0.5", "1", "true"])
+def test_check_refuses_a_malformed_value_as_bad_input_naming_it_and_how_to_turn_it_off(monkeypatch, value):
+    from nas.errors import NasError
+
+    monkeypatch.setenv(faults.ENV, value)
+    with pytest.raises(NasError, match=f"{faults.ENV}={value!r}: expected KIND\\[:WHEN\\].*unset it, or set it to 0"):
+        faults.check()
 
 
 def test_first_needs_an_attempts_file(monkeypatch):

@@ -36,8 +36,17 @@ class Exported:
     arch: Arch
     beam_size: int
 
+    @property
+    def max_src_tokens(self) -> int:
+        """The longest source the model reads (SentencePiece pieces); :meth:`translate` cuts longer ones to this."""
+        return self.model.max_positions // 2 - 1  # then EOS, as nas.eval.scores.encode_sources does
+
+    def too_long(self, sentences: list[str]) -> list[int]:
+        """Indices of the sentences longer than :attr:`max_src_tokens` pieces, which :meth:`translate` truncates."""
+        return [i for i, ids in enumerate(self.tokenizer.encode(sentences)) if len(ids) > self.max_src_tokens]
+
     def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
-        """Detokenized translations of raw source sentences."""
+        """Detokenized translations of raw source sentences (each cut to :attr:`max_src_tokens` pieces)."""
         return translate(self.model, self.tokenizer, sentences, beam_size=beam_size or self.beam_size)
 
 

@@ -48,6 +48,9 @@ def _did_you_mean(loc: tuple[Any, ...], model: type[BaseModel]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f" (allowed: {', '.join(model.model_fields)})"
 
 
+_SUGGESTED = re.compile(r"^ \(did you mean '(.*)'\?\)$")
+"""A :func:`_did_you_mean` hint that names one key (group 1)."""
+
 _UNION_MEMBER = re.compile(r"^(int|str|float|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\])$")
 """The pseudo keys pydantic puts in an error's location for the members of a plain union (``int | str``)."""
 
@@ -101,7 +104,8 @@ def _short_repr(value: Any, limit: int = 120) -> str:
 
 
 def format_validation_error(err: ValidationError, source: str, model: type[BaseModel]) -> str:
-    """One line per problem: ``<file>: <key path>: <what is wrong and the fix>``.
+    """One line per problem: ``<file>: <key path>: <what is wrong and the fix>``; a required key that is missing
+    because it was misspelt is named once, by the unknown key's did-you-mean line.
 
     Args:
         err: what ``model.model_validate`` raised.
@@ -109,10 +113,16 @@ def format_validation_error(err: ValidationError, source: str, model: type[BaseM
         model: the validated model (unknown keys get the closest allowed key of the model they are in).
     """
     lines = []
-    for e in _merge_union_errors(err.errors()):
+    errors = _merge_union_errors(err.errors())
+    hints = {tuple(e["loc"]): _did_you_mean(tuple(e["loc"]), model) for e in errors
+             if e["type"] in ("extra_forbidden", "invalid_key")}
+    misspelt = {loc[:-1] + (m.group(1),) for loc, hint in hints.items() if (m := _SUGGESTED.match(hint))}
+    for e in errors:
         loc = tuple(e["loc"])
+        if e["type"] == "missing" and loc in misspelt:  # a misspelt key: its did-you-mean line names it
+            continue
         path = key_path(loc)
-        hint = _did_you_mean(loc, model) if e["type"] in ("extra_forbidden", "invalid_key") else ""
+        hint = hints.get(loc, "")
         if e["type"] == "extra_forbidden" or hint:  # invalid_key: a number, boolean or null where a name goes
             line = f"{source}: {path}: unknown key{hint}"
         elif e["type"] == "missing":

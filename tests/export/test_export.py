@@ -250,3 +250,43 @@ def test_export_cli_never_replaces_the_current_folder_or_its_parent(constrained_
     assert result.exit_code == 2, result.output
     assert "refusing to replace" in result.stderr and "not even with --force" in " ".join(result.stderr.split())
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def _one_error_line(result) -> str:
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    return lines[0]
+
+
+def test_export_of_a_sweep_parent_run_names_it_and_asks_for_a_trial(constrained_trials, tmp_path):
+    from typer.testing import CliRunner
+
+    from nas import tracking
+    from nas.cli import app
+
+    (parent,) = [r.info.run_id for r in tracking.find_runs("constrained", role="sweep")]
+    result = CliRunner().invoke(app, ["export", "--run-id", parent, "--out", str(tmp_path / "x")])
+    line = _one_error_line(result)
+    assert f"run {parent} is the parent run of sweep C, not a trial" in line, line
+    assert "pass the run id of one of its FINISHED trials (nas leaderboard --sweep C) or --best" in line, line
+    assert not (tmp_path / "x").exists()
+
+
+def test_export_of_a_failed_trial_run_names_it_and_asks_for_a_finished_one(constrained_trials, tmp_path):
+    from typer.testing import CliRunner
+
+    from nas import tracking
+    from nas.cli import app
+
+    ids, maxima, _ = constrained_trials
+    (parent,) = [r.info.run_id for r in tracking.find_runs("constrained", role="sweep")]
+    failed = tracking.start_run("constrained", "broken", role="trial", parent_run_id=parent,
+                                tags={"nas.supernet_dir": str(tmp_path / "sn"), "nas.data_dir": str(tmp_path / "data")})
+    tracking.log_json_artifact(failed, maxima.to_dict(), "arch.json")  # sampled, then training or scoring failed
+    tracking.end_run(failed, "FAILED")
+    result = CliRunner().invoke(app, ["export", "--run-id", failed, "--out", str(tmp_path / "x")])
+    line = _one_error_line(result)
+    assert f"run {failed} is a FAILED trial of sweep C" in line, line
+    assert "pass the run id of a FINISHED trial (nas leaderboard --sweep C) or --best" in line, line
+    assert not (tmp_path / "x").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,54 @@ def test_cli_sweep_on_a_bad_file_exits_2_and_prints_the_problem(path, in_repo):
     assert result.exit_code == 2, result.output
     assert squash(expected_fragment(path)) in squash(result.output)
     assert squash(str(path)) in squash(result.output)
+
+
+@pytest.fixture
+def empty_cwd(tmp_path, monkeypatch) -> Path:
+    """An empty working folder as the current directory, beside a ``shared`` link to the repository's, so the
+    YAMLs' ``../shared/data`` paths resolve; no backend chosen by the environment."""
+    for var in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "shared").symlink_to((REPO.parent / "shared").resolve(), target_is_directory=True)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    return work
+
+
+@pytest.mark.parametrize("path", BAD_SPECS, ids=lambda p: p.stem)
+def test_cli_sweep_on_a_bad_file_prints_one_error_line_and_writes_nothing(path, empty_cwd):
+    result = runner.invoke(app, ["sweep", str(path)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert expected_fragment(path) in lines[0] and str(path) in lines[0], lines[0]
+    assert sorted(p.name for p in empty_cwd.iterdir()) == []  # no nas_runs/, mlflow.db, mlruns/ or anything else
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized(), "Ray was started"
+
+
+def test_cli_sweep_names_several_problems_of_a_file_in_one_line(empty_cwd):
+    bad = empty_cwd.parent / "two_problems.yaml"
+    bad.write_text("name: two\ntrain: {steps: many}\nsupernet: {model_dim: 64, model_dimm: 32, extra: 1}\n",
+                   encoding="utf-8")
+    result = runner.invoke(app, ["sweep", str(bad)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {bad}: ") and lines[0].count(str(bad)) == 1, lines[0]
+    for fragment in ("supernet.model_dimm: unknown key", "supernet.extra: unknown key", "train.steps: "):
+        assert fragment in lines[0], lines[0]
+    assert "; " in lines[0] and sorted(p.name for p in empty_cwd.iterdir()) == []
+
+
+def test_a_misspelt_key_is_named_once_not_also_as_a_missing_key(tmp_path):
+    bad = tmp_path / "typo.yaml"
+    bad.write_text("name: typo\nsupernet: {model_dimm: 64}\n", encoding="utf-8")
+    with pytest.raises(SpecError) as info:
+        load_spec(bad, check_files=False)
+    assert "supernet.model_dimm: unknown key (did you mean 'model_dim'?)" in str(info.value)
+    assert "supernet.model_dim: required key is missing" not in str(info.value)
 
 
 @pytest.mark.parametrize("path", [p for p in BAD_SPECS if p.stem not in ("missing_data_file", "latency_predictor_missing")],
