@@ -16,6 +16,8 @@ BLEU, chrF and loss (nats/token), ``latency_ms`` (batch 1, beam 4, one thread, m
   TPE trials under ``latency_ms <= 30``); its feasible Pareto front with inherited weights (test set added).
 - ``unified`` (c): the same for ``search_spaces/unified.yaml`` with the quickstart's ``train`` budget and
   ``search`` section (so the same trials, metrics and budget); also the inherited scores of the ``tau`` archs.
+- ``refront``: every trial's latency measured again with nothing else running, and the front taken from those
+  (the sweep's own front, timed beside other work, is kept as ``front_sweep.json``).
 - ``retrain``: up to 3 members of each front trained alone (the quickstart's first).
 - ``tau``: 8 sub-Transformers of the unified space, inherited against standalone (560 steps): the retrained
   front members and the rest spread over the space as ``nas fidelity`` spreads them; Kendall tau and Spearman
@@ -46,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PHASES = ("baselines", "quickstart", "unified", "retrain", "latency", "tau", "report")
+PHASES = ("baselines", "quickstart", "unified", "refront", "retrain", "latency", "tau", "report")
 BASELINES = {  # name: (layers per stack, model width, FFN width); one branch, the quickstart's vocabulary
     "base-2L-64": (2, 64, 256),
     "base-3L-64": (3, 64, 256),
@@ -303,6 +305,65 @@ def phase_tau(work: Path, out: Path) -> None:
     _write(out / "unified" / "tau.json", {**corr, "k": len(rows), "steps": spec.train.steps, "archs": rows})
 
 
+def phase_refront(work: Path, out: Path) -> None:
+    """Every trial of each sweep measured again with nothing else running, then the feasible Pareto front taken
+    from those latencies (``front.json``; the sweep's own becomes ``front_sweep.json``): the trials timed
+    themselves beside other work on the 2 cores, which moved some across the budget. New front members are
+    scored on the test set with inherited weights."""
+    from nas.builders import prepare_sweep_data
+    from nas.eval.latency import measure_latency
+    from nas.eval.scores import encode_sources
+    from nas.model.io import load_model
+    from nas.model.supernet import extract
+    from nas.search.trials import feasibility
+    from nas.space.arch import Arch
+    from nas.tracking.pareto import pareto_mask
+
+    path = out / "latency_quiet.json"
+    for space in ("quickstart", "unified"):
+        trials = _read(out / space / "trials.json")
+        if not trials or (out / space / "front_sweep.json").is_file():
+            continue
+        spec, _ = _load(space, work)
+        se = spec.search
+        data = prepare_sweep_data(spec)
+        supernet = load_model(spec.run_dir / "supernet", "supernet")
+        ids = encode_sources(data.tokenizer(), data.valid_text()[0][: se.latency_sentences],
+                             supernet.max_positions // 2)
+        quiet = _read(path) or {}
+        points = []
+        for t in (t for t in trials if t is not None):
+            key = f"{space}/trial/{t['arch_id']}"
+            arch = Arch.from_json(t["arch"])
+            if key not in quiet:
+                quiet[key] = measure_latency(extract(supernet, arch).eval(), arch, ids, batch_size=1,
+                                             beam_size=se.beam_size, repeats=se.latency_repeats,
+                                             threads=max(1, int(se.cpu_per_trial)))
+                _write(path, quiet)
+                print(f"{key}: {quiet[key]:.1f} ms (in the sweep: {t['latency_ms']:.1f} ms)", file=sys.stderr,
+                      flush=True)
+            metrics = {**{k: t[k] for k in ("bleu", "chrf", "valid_loss", "params_m")}, "latency_ms": quiet[key]}
+            points.append((t, arch, metrics, feasibility(metrics, spec).get("feasible", 1.0) == 1.0))
+        feasible = [p for p in points if p[3]]
+        mask = pareto_mask([(m["bleu"], m["latency_ms"]) for _, _, m, _ in feasible], [True, False])
+        old = {p["arch_id"]: p for p in _read(out / space / "front.json") or []}
+        front = []
+        for (t, arch, metrics, _), keep in zip(feasible, mask):
+            if not keep or t["arch_id"] in {f["arch_id"] for f in front}:
+                continue
+            row = old.get(t["arch_id"]) or {**_score(supernet, arch, spec, data), "arch_id": t["arch_id"],
+                                            "arch_summary": t["arch_summary"], "arch": arch.to_dict(),
+                                            "trial": {k: t[k] for k in ("bleu", "chrf", "valid_loss", "latency_ms",
+                                                                        "params_m")}}
+            quiet[f"{space}/front/{t['arch_id']}"] = metrics["latency_ms"]
+            front.append({**row, "latency_ms": metrics["latency_ms"]})
+        _write(path, quiet)
+        _write(out / space / "front_sweep.json", list(old.values()))
+        _write(out / space / "front.json", sorted(front, key=lambda r: r["latency_ms"]))
+        print(f"{space}: {len(front)} on the front with quiet latencies (the sweep's had {len(old)})", file=sys.stderr,
+              flush=True)
+
+
 def phase_latency(work: Path, out: Path) -> None:
     """Measure every point's latency again, one at a time, as :func:`nas.search.trials.score_arch` does."""
     from nas.builders import prepare_sweep_data
@@ -388,7 +449,8 @@ def phase_report(out: Path) -> dict[str, Any]:
         if not front:
             continue
         sets[f"{space} inherited"] = front
-        retrained = rows(sorted((out / space).glob("retrained_*.json")))
+        on_front = {r["arch_id"] for r in front}
+        retrained = [r for r in rows(sorted((out / space).glob("retrained_*.json"))) if r["arch_id"] in on_front]
         if retrained:
             sets[f"{space} retrained"] = retrained
         sweep = _read(out / space / "sweep.json") or {}
@@ -500,6 +562,8 @@ def main() -> None:
             phase_tau(work, out)
         elif phase == "latency":
             phase_latency(work, out)
+        elif phase == "refront":
+            phase_refront(work, out)
         else:
             phase_report(out)
         print(f"phase {phase}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
