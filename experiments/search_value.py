@@ -264,6 +264,7 @@ def _tau_archs(spec, supernet, front: list[dict[str, Any]]):
 def _tau_inherited(spec, data, out: Path, supernet, front: list[dict[str, Any]]) -> None:
     """``unified/tau/inherited_<arch_id>.json``: validation scores of the tau archs with inherited weights."""
     from nas.model.io import load_model
+    from nas.model.supernet import count_params, extract
     from nas.search.fidelity import score_model
 
     supernet = supernet or load_model(spec.run_dir / "supernet", "supernet")
@@ -272,13 +273,15 @@ def _tau_inherited(spec, data, out: Path, supernet, front: list[dict[str, Any]])
         path = folder / f"inherited_{arch.arch_id}.json"
         if _read(path) is None:
             _write(path, {"arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
+                          "params_m": count_params(extract(supernet, arch)) / 1e6,
                           **score_model(supernet, arch, spec, data)})
 
 
-def phase_tau(work: Path, out: Path) -> None:
+def phase_tau(work: Path, out: Path, train: bool = True) -> None:
     """Kendall tau and Spearman rho between inherited and standalone scores of :data:`TAU_ARCHS` unified
-    sub-Transformers: the retrained front members and the archs of :func:`_tau_archs`, each trained alone.
-    Needs no supernet: the inherited scores were stored by the ``unified`` phase."""
+    sub-Transformers: the retrained front members and the archs of :func:`_tau_archs`, each trained alone
+    (smallest first, so a cut-short run has the most points). Needs no supernet: the inherited scores were
+    stored by the ``unified`` phase. ``train=False`` (``--no-train``): only the archs already trained count."""
     from nas.builders import prepare_sweep_data
     from nas.search.fidelity import rank_correlation
     from nas.space.arch import Arch
@@ -293,16 +296,19 @@ def phase_tau(work: Path, out: Path) -> None:
                      "source": "front", "inherited": {k: front[alone["arch_id"]][k] for k in ("bleu", "valid_loss")},
                      "standalone": {k: alone[k] for k in ("bleu", "valid_loss")}})
     folder = out / "unified" / "tau"
-    for f in sorted(folder.glob("inherited_*.json")):
-        inherited = _read(f)
+    inherited_rows = [_read(f) for f in sorted(folder.glob("inherited_*.json"))]
+    for inherited in sorted(inherited_rows, key=lambda r: r.get("params_m", 0.0)):
         arch = Arch.from_dict(inherited["arch"])
-        alone = _train_alone(arch, spec, data, folder / f"standalone_{arch.arch_id}.json", {"space": "unified"})
+        target = folder / f"standalone_{arch.arch_id}.json"
+        if not train and _read(target) is None:
+            continue
+        alone = _train_alone(arch, spec, data, target, {"space": "unified"})
         rows.append({"arch_id": arch.arch_id, "arch_summary": arch.summary(), "params_m": alone["params_m"],
                      "source": "spread", "inherited": {k: inherited[k] for k in ("bleu", "valid_loss")},
                      "standalone": {k: alone[k] for k in ("bleu", "valid_loss")}})
     corr = {m: rank_correlation([r["inherited"][m] for r in rows], [r["standalone"][m] for r in rows])._asdict()
             for m in ("valid_loss", "bleu")}
-    _write(out / "unified" / "tau.json", {**corr, "k": len(rows), "steps": spec.train.steps, "archs": rows})
+    _write(out / "unified" / "tau.json", {**corr, "planned": TAU_ARCHS, "k": len(rows), "steps": spec.train.steps, "archs": rows})
 
 
 def phase_refront(work: Path, out: Path) -> None:
@@ -325,6 +331,10 @@ def phase_refront(work: Path, out: Path) -> None:
         if not trials or (out / space / "front_sweep.json").is_file():
             continue
         spec, _ = _load(space, work)
+        if not (spec.run_dir / "supernet" / "supernet.json").is_file():
+            print(f"{space}: no supernet under {spec.run_dir}, its trials not timed again", file=sys.stderr,
+                  flush=True)
+            continue
         se = spec.search
         data = prepare_sweep_data(spec)
         supernet = load_model(spec.run_dir / "supernet", "supernet")
@@ -389,6 +399,9 @@ def phase_latency(work: Path, out: Path) -> None:
             if key in quiet or row is None:
                 continue
             arch = Arch.from_dict(row["arch"])
+            if model_name is None and not (spec.run_dir / "supernet" / "supernet.json").is_file():
+                print(f"{key}: no supernet, latency not measured again", file=sys.stderr, flush=True)
+                continue
             if model_name is None:
                 supernet = supernet or load_model(spec.run_dir / "supernet", "supernet")
                 model = extract(supernet, arch).eval()
@@ -543,6 +556,9 @@ def main() -> None:
     ap.add_argument("--work", default=str(ROOT / "experiments" / "out" / "search_value"),
                     help="supernets, sweeps and MLflow store (not committed)")
     ap.add_argument("--steps", type=int, default=None, help="smoke run: this many steps, 2 trials, 40 sentences")
+    ap.add_argument("--spaces", nargs="*", choices=("quickstart", "unified"), default=["quickstart", "unified"],
+                    help="the spaces the retrain phase trains fronts of, in this order")
+    ap.add_argument("--no-train", action="store_true", help="tau: correlate only the archs already trained alone")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.work)
     global STEPS, MODELS
@@ -556,10 +572,10 @@ def main() -> None:
         elif phase in ("quickstart", "unified"):
             phase_sweep(phase, work, out)
         elif phase == "retrain":
-            for space in ("quickstart", "unified"):
+            for space in args.spaces:
                 phase_retrain(space, work, out)
         elif phase == "tau":
-            phase_tau(work, out)
+            phase_tau(work, out, train=not args.no_train)
         elif phase == "latency":
             phase_latency(work, out)
         elif phase == "refront":
