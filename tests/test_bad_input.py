@@ -418,3 +418,17 @@ def test_a_malformed_nas_test_fault_is_refused_before_anything_starts(work, monk
     monkeypatch.setenv("NAS_TEST_FAULT", "explode")
     assert_refused(work, [str(write_sweep(work))], "NAS_TEST_FAULT='explode': expected KIND[:WHEN]",
                    "unset it, or set it to 0")
+
+
+def test_the_python_api_refuses_a_malformed_nas_test_fault_before_anything_is_written(work, monkeypatch):
+    """``nas.api.sweep`` (a notebook's entry point) checks the hook as ``nas sweep`` does: no run folder, no data
+    cache, no Ray. Failed before: the sweep started and every trial failed on the malformed value."""
+    from nas import api
+    from nas.faults import FaultSpecError
+
+    path = write_sweep(work)
+    before = snapshot(work)
+    monkeypatch.setenv("NAS_TEST_FAULT", "explode")
+    with pytest.raises(FaultSpecError, match="NAS_TEST_FAULT='explode': expected KIND"):
+        api.sweep(path)
+    assert snapshot(work) == before

@@ -29,7 +29,7 @@ from ray import tune
 from rich.console import Console
 
 from nas.errors import NotFoundError
-from nas import tracking
+from nas import faults, tracking
 from nas.builders import prepare_sweep_data
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
@@ -215,10 +215,12 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
     Raises:
         SpecError: resources that the Ray cluster cannot provide, an unreachable Optuna storage, no sweep to
             resume, or settings changed since the sweep started.
+        FaultSpecError: a malformed ``NAS_TEST_FAULT`` (:func:`nas.faults.check`); nothing is started.
         RunLockedError: another process (a driver of this sweep, ``nas train``, ``nas fidelity``) writes into
             the run folder ``<workdir>/<name>`` (names its pid, host and start time); nothing was prepared.
         SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
     """
+    faults.check()  # a test-only hook: a malformed value would otherwise fail every trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
     run_dir = spec.run_dir.resolve()
     if resume and read_sweep_record(run_dir) is None:  # before anything is prepared or written
