@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import IO
 from nas.errors import OutputPathError
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "fsync_dir", "check_output_file",
-           "check_output_dir", "output_dir"]
+           "check_output_dir", "output_dir", "recover_output_dir"]
 
 _SHOWN_ENTRIES = 5
 """Entries of a refused folder named in the error."""
@@ -150,7 +151,9 @@ def output_dir(path: str | Path, *, marker: str, force: bool = False) -> Iterato
     ``path`` is checked first (:func:`check_output_dir`), and again just before the swap. The swap never
     leaves zero copies: the old folder is renamed aside (``.<name>.<random>.old``), the new one renamed
     into place, then the old one deleted; if the second rename fails, the old one is renamed back. Until
-    the swap, the old folder is untouched; if the block raises, the new folder is deleted.
+    the swap, the old folder is untouched; if the block raises, the new folder is deleted. A kill
+    between the two renames leaves ``path`` missing and the old folder aside: the next call renames it
+    back before anything else (:func:`recover_output_dir`).
 
     Args:
         path, marker, force: see :func:`check_output_dir`; the block must write ``marker``.
@@ -158,6 +161,8 @@ def output_dir(path: str | Path, *, marker: str, force: bool = False) -> Iterato
         OutputPathError: see :func:`check_output_dir`.
         RuntimeError: the block wrote no ``marker`` (a writer's bug).
     """
+    for line in recover_output_dir(path, marker=marker):
+        print(f"nas: {line}", file=sys.stderr)
     out = check_output_dir(path, marker=marker, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
     new = _sibling(out, "tmp")
@@ -170,6 +175,43 @@ def output_dir(path: str | Path, *, marker: str, force: bool = False) -> Iterato
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
+
+
+def recover_output_dir(path: str | Path, *, marker: str) -> list[str]:
+    """Undo what a kill during :func:`output_dir`'s swap left beside ``path``; returns what was done, a line each.
+
+    - ``path`` missing and exactly one old folder aside (``.<name>.<random>.old``): it is renamed back, so
+      the earlier output is where the user left it.
+    - ``path`` present: an old folder aside that holds ``marker`` (an earlier output this writer replaced)
+      is deleted; one without it (replaced with ``force``) is kept and named, for the user to look at.
+
+    Nothing else is touched: a ``.tmp`` sibling may belong to a writer still running.
+    """
+    out = Path(os.path.abspath(path))
+    if not out.parent.is_dir():
+        return []
+    asides = sorted(out.parent.glob(f".{out.name}.*.old"))
+    done: list[str] = []
+    if not os.path.lexists(out):
+        if len(asides) == 1:
+            os.rename(asides[0], out)
+            fsync_dir(out.parent)
+            done.append(f"{out}: restored from {asides[0].name}, left aside by an interrupted replacement")
+        elif asides:
+            done.append(f"{out} is missing and {len(asides)} earlier outputs lie beside it "
+                        f"({', '.join(a.name for a in asides)}): rename the one to keep back to {out.name}")
+        return done
+    for aside in asides:
+        if aside.is_symlink():
+            aside.unlink()
+            done.append(f"{aside}: a stale link left by an interrupted replacement, removed")
+        elif (aside / marker).is_file():
+            shutil.rmtree(aside, ignore_errors=True)
+            done.append(f"{aside}: an earlier output left by an interrupted replacement, removed")
+        else:
+            done.append(f"{aside}: left by an interrupted replacement of {out.name}; kept (it is no output of "
+                        f"this writer): delete it once you have looked at it")
+    return done
 
 
 def _sibling(path: Path, kind: str) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,45 @@ def test_output_dir_replaces_an_earlier_output_and_leaves_no_sibling(tmp_path):
         _folder(new, {"done.json": "new"})
     assert _contents(out) == {"done.json": "new"}
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def _killed_between_the_renames(out: Path) -> Path:
+    """What a kill after ``output_dir`` renamed ``out`` aside, before it renamed the new folder in, leaves."""
+    aside = out.with_name(f".{out.name}.0badc0de.old")
+    out.rename(aside)
+    _folder(out.with_name(f".{out.name}.feedf00d.tmp"), {"done.json": "half"})
+    return aside
+
+
+def test_an_output_left_aside_by_a_kill_is_renamed_back_before_anything_else(tmp_path, capsys):
+    """Failed before: ``out`` stayed missing, the user's earlier export hidden as ``.out.*.old``."""
+    out = _folder(tmp_path / "out", {"done.json": "old", "weights": "old"})
+    _killed_between_the_renames(out)
+    with pytest.raises(KeyError):
+        with io.output_dir(out, marker="done.json"):
+            raise KeyError("the writer failed")
+    assert _contents(out) == {"done.json": "old", "weights": "old"}
+    assert "restored from .out.0badc0de.old" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.feedf00d.tmp", "out"]  # a writer's tmp is not ours
+
+
+def test_recovery_removes_an_earlier_output_left_aside_but_keeps_a_forced_one(tmp_path):
+    out = _folder(tmp_path / "out", {"done.json": "old"})
+    ours = _folder(tmp_path / ".out.00000001.old", {"done.json": "older"})
+    forced = _folder(tmp_path / ".out.00000002.old", {"notes.txt": "the user's"})
+    with io.output_dir(out, marker="done.json") as new:
+        _folder(new, {"done.json": "new"})
+    assert _contents(out) == {"done.json": "new"}
+    assert not ours.exists()
+    assert _contents(forced) == {"notes.txt": "the user's"}
+
+
+def test_recovery_renames_nothing_back_when_several_outputs_lie_aside(tmp_path):
+    first = _folder(tmp_path / ".out.00000001.old", {"done.json": "1"})
+    second = _folder(tmp_path / ".out.00000002.old", {"done.json": "2"})
+    lines = io.recover_output_dir(tmp_path / "out", marker="done.json")
+    assert len(lines) == 1 and "2 earlier outputs" in lines[0] and "rename the one to keep back" in lines[0]
+    assert first.is_dir() and second.is_dir() and not (tmp_path / "out").exists()
 
 
 def test_output_dir_refuses_a_folder_with_other_files_and_names_them_unless_forced(tmp_path):
