@@ -32,10 +32,6 @@ __all__ = ["FORMATS", "ImportanceError", "SweepReport", "build_report", "locate_
            "render_html", "render_markdown", "write_report"]
 
 FORMATS = ("html", "md")
-TAG_OPTUNA_STORAGE = "nas.optuna_storage"
-"""Parent-run tag: the study's storage, a journal file path or a database URL."""
-TAG_STUDY_NAME = "nas.study_name"
-"""Parent-run tag: the study's name in that storage."""
 _JOURNAL = "optuna.journal"
 
 
@@ -97,11 +93,11 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
     import optuna
 
     tags = parent.data.tags
-    location = storage or tags.get(TAG_OPTUNA_STORAGE)
+    location = storage or tags.get(tracking.TAG_OPTUNA_STORAGE)
     if not location:
         supernet_dir = tags.get("nas.supernet_dir")
         if not supernet_dir:
-            raise ImportanceError(f"sweep {sweep_id!r}: its parent run has neither a {TAG_OPTUNA_STORAGE} nor a "
+            raise ImportanceError(f"sweep {sweep_id!r}: its parent run has neither a {tracking.TAG_OPTUNA_STORAGE} nor a "
                                   "nas.supernet_dir tag; pass --storage FILE_OR_URL")
         location = str(Path(supernet_dir).parent / _JOURNAL)
     address = redact_url(location)
@@ -119,7 +115,7 @@ def locate_study(parent: mlflow.entities.Run, sweep_id: str, *, storage: str | N
             raise ImportanceError(f"no Optuna study journal at {location}; pass --storage FILE_OR_URL")
         backend = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(location))
     names = optuna.study.get_all_study_names(storage=backend)
-    name = study_name or tags.get(TAG_STUDY_NAME)
+    name = study_name or tags.get(tracking.TAG_STUDY_NAME)
     if name is None:
         if sweep_id in names:
             name = sweep_id

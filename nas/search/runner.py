@@ -248,8 +248,11 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
             "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
+    parent_tags = {**tags, tracking.TAG_STUDY_NAME: study.study_name,  # where `nas report` finds the study
+                   tracking.TAG_OPTUNA_STORAGE: redact_url(study.storage_url) if study.storage_url
+                   else str(study.journal)}
     try:
-        parent = _parent_run(spec, record, tags, resumed)
+        parent = _parent_run(spec, record, parent_tags, resumed)
         try:
             killed = tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
             if killed:
@@ -297,6 +300,9 @@ def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resu
             tracking.reopen_run(run_id)
         resumes = int(runs[0].data.tags.get("nas.resumes", "0")) + (1 if resumed else 0)
         tracking.get_client().set_tag(run_id, "nas.resumes", str(resumes))
+        for key in (tracking.TAG_STUDY_NAME, tracking.TAG_OPTUNA_STORAGE):  # a sweep started before they were tagged
+            if key in tags and key not in runs[0].data.tags:
+                tracking.get_client().set_tag(run_id, key, tags[key])
         tracking.log_new_params(run_id, params)
     else:
         run_id = tracking.start_run(spec.experiment, record.sweep_id, role="sweep", tags=tags, params=params)

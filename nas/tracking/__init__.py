@@ -29,7 +29,7 @@ from nas.lazy import lazy_exports
 _MODULES = {
     "layout": ("tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
                "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
-               "PARAM_CONSTRAINTS"),
+               "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "PARAM_CONSTRAINTS"),
     "runs": ("get_client", "ensure_experiment", "flatten", "start_run", "log_metrics", "log_json_artifact",
              "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params", "reopen_run",
              "end_stale_runs", "find_runs"),
@@ -46,7 +46,7 @@ _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "Objective", "PARAM_CONSTRAINTS",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
-    "TAG_OBJECTIVES", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_SWEEP_ID",
+    "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
     "TAG_TRIAL_ID", "best_trial", "constraints_by_sweep", "describe_constraints", "end_run", "end_stale_runs",
     "ensure_experiment", "find_runs", "find_sweep_run", "find_tagged_runs", "flatten", "get_client",
     "iter_leaderboard_rows", "leaderboard", "leaderboard_table",
@@ -56,8 +56,8 @@ __all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "Obje
 
 if TYPE_CHECKING:
     from nas.tracking.layout import (PARAM_CONSTRAINTS, STAGE_NAMES, TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ERROR,
-                                     TAG_OBJECTIVES, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID,
-                                     TAG_TRIAL_ID, tracking_uri)
+                                     TAG_OBJECTIVES, TAG_OPTUNA_STORAGE, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE,
+                                     TAG_STAGE, TAG_STUDY_NAME, TAG_SWEEP_ID, TAG_TRIAL_ID, tracking_uri)
     from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives, pareto_mask
     from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, best_trial, iter_leaderboard_rows,
                                     leaderboard, pareto_scan, parse_where)

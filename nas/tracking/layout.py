@@ -15,7 +15,7 @@ from pathlib import Path
 
 __all__ = ["tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
            "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
-           "PARAM_CONSTRAINTS"]
+           "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "PARAM_CONSTRAINTS"]
 
 TAG_ROLE = "nas.role"
 TAG_SWEEP_ID = "nas.sweep_id"
@@ -28,6 +28,10 @@ STAGE_NAMES = {1: "joint", 2: "word_distill", 3: "seq_distill"}
 TAG_OPTUNA_TRIAL = "nas.optuna_trial"
 TAG_ERROR = "nas.error"
 TAG_OBJECTIVES = "nas.objectives"
+TAG_OPTUNA_STORAGE = "nas.optuna_storage"
+"""Sweep parent-run tag: the Optuna study's storage, a journal file path or a database URL (password masked)."""
+TAG_STUDY_NAME = "nas.study_name"
+"""Sweep parent-run tag: the study's name in that storage."""
 
 PARAM_CONSTRAINTS = "search.constraints"
 """Param of a sweep's parent run: its ``search.constraints`` as ``; ``-joined keys (``latency_ms<=40``)."""

@@ -4,6 +4,7 @@ states and duplicates. Without PostgreSQL these tests skip (fail under ``NAS_REQ
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import psycopg
@@ -57,6 +58,14 @@ def test_sweep_with_two_concurrent_trials_on_postgres_optuna_and_mlflow(multi30k
     status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
     assert status.returncode == 0, status.stderr[-3000:]
     assert f"COMPLETE {TRIALS}" in status.stdout and f"FINISHED {TRIALS}; duplicates 0" in status.stdout
+
+    # `nas report` finds the study in PostgreSQL from the parent run's tags (failed before: it looked for a journal
+    # file beside the supernet, and the parameter importances were "not computed")
+    sweep_id = json.loads((tmp_path / "runs" / "tiny" / "sweep.json").read_text())["sweep_id"]
+    report = run_nas(["report", sweep_id, "--format", "md", "--out", str(tmp_path / "report.md")], env, tmp_path)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "not computed" not in report.stderr, report.stderr[-3000:]
+    assert "## Parameter importances" in (text := (tmp_path / "report.md").read_text()) and "Not computed" not in text
 
     again = run_nas(["sweep", str(spec_file)], env, tmp_path)  # a finished sweep run again: nothing added
     assert again.returncode == 0 and "(resumed)" in again.stdout, again.stderr[-3000:]
