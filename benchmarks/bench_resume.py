@@ -16,7 +16,8 @@ killed too, as a dead machine would lose them. Each kill lands at a random momen
 
 Prints: where each kill landed, then trials completed, duplicated and lost in Optuna, Ray Tune and
 MLflow, the MLflow run states and the Optuna trial states. Goal: all trials completed, 0 duplicated,
-0 lost, 0 runs left RUNNING.
+0 lost, 0 runs left RUNNING. Exits 1 (``FAIL: ...`` naming each problem, see :func:`audit`) when any is
+missed or the last run fails; ``--json FILE`` also writes the counts and where each kill landed.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import yaml
 
@@ -157,6 +158,7 @@ def main() -> None:
                     help="Share of kills at a start-up time instead of a progress point.")
     ap.add_argument("--train-steps", type=int, default=48)
     ap.add_argument("--work", type=Path, default=None, help="Folder to work in (default: a new temporary one).")
+    ap.add_argument("--json", type=Path, default=None, help="Also write the counts and the kill log here.")
     args = ap.parse_args()
     work = (args.work or Path(tempfile.mkdtemp(prefix="bench_resume_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -169,6 +171,7 @@ def main() -> None:
     print(f"work folder {work}; {args.trials} trials, {args.kills} SIGKILLs at random moments")
     plan = kill_plan(rng, args)
     kills = attempt = 0
+    kill_log: list[dict[str, Any]] = []
     while True:
         attempt += 1
         done_before = completed(spec_file)
@@ -178,6 +181,7 @@ def main() -> None:
         rc, log = run_once(cmd, env, work, work / f"driver_{attempt}.log", due)
         if rc is None:
             kills += 1
+            kill_log.append({"kill": kills, "what": what, "phase": phase(log)})
             print(f"  kill {kills}: SIGKILL {what}, during {phase(log)}; "
                   f"{completed(spec_file)}/{args.trials} trials complete in Optuna", flush=True)
             continue
@@ -192,10 +196,66 @@ def main() -> None:
         if rc != 0:
             print(log[-3000:])
         break
-    report(spec_file, env, args.trials)
+    if rc is None or rc != 0:
+        sys.exit(f"FAIL: the last run ended with exit code {rc}; see {work}")
+    counts, problems = report(spec_file, env, args.trials)
+    summary = {"trials": args.trials, "kills": kills, "planned_kills": args.kills, "seed": args.seed,
+               "seconds": time.monotonic() - t0, "kill_log": kill_log, **counts, "problems": problems}
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+    if problems:
+        sys.exit("FAIL: " + "; ".join(problems))
+    print(f"OK: {args.trials} trials, {kills} kills: nothing lost, duplicated or left RUNNING")
 
 
-def report(spec_file: Path, env: dict, trials: int) -> None:
+def audit(trials: int, optuna_trials: list, ray_trials: list, runs: list) -> tuple[dict[str, Any], list[str]]:
+    """Counts of completed, duplicated and lost trials in Optuna, Ray Tune and MLflow, and the problems found.
+
+    A problem is a trial lost or duplicated in any of the three, an Optuna trial not COMPLETE, a Ray trial not
+    TERMINATED, an MLflow run of the sweep left RUNNING, or a trial run with no ``nas.optuna_trial`` tag.
+
+    Args:
+        trials: the sweep's ``search.trials``.
+        optuna_trials: the study's ``FrozenTrial`` list (``.state``, ``.params``).
+        ray_trials: Ray Tune's trials (``.status``, ``.config``).
+        runs: every MLflow run tagged with the sweep id (``.info.status``, ``.data.tags``).
+    """
+    from nas import tracking
+
+    ray_numbers = Counter(t.config.get("optuna_trial") for t in ray_trials)
+    trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
+    run_numbers = Counter(r.data.tags.get(tracking.TAG_OPTUNA_TRIAL) for r in trial_runs)
+    finished = {r.data.tags.get(tracking.TAG_OPTUNA_TRIAL) for r in trial_runs if r.info.status == "FINISHED"}
+    counts = {
+        "completed": {"optuna": sum(t.state.name == "COMPLETE" for t in optuna_trials),
+                      "ray": sum(t.status == "TERMINATED" for t in ray_trials), "mlflow": len(finished - {None})},
+        "duplicated": {"optuna": max(0, len(optuna_trials) - trials),
+                       "ray": sum(n - 1 for n in ray_numbers.values()),
+                       "mlflow": sum(n - 1 for k, n in run_numbers.items() if k is not None)},
+        "lost": {"optuna": trials - sum(t.state.is_finished() for t in optuna_trials),
+                 "ray": trials - len({n for n in ray_numbers if n is not None}),
+                 "mlflow": trials - len(set(run_numbers) - {None})},
+        "running_runs": sum(r.info.status == "RUNNING" for r in runs),
+        "untagged_trial_runs": run_numbers.get(None, 0),
+        "optuna_states": dict(Counter(t.state.name for t in optuna_trials)),
+        "ray_statuses": dict(Counter(t.status for t in ray_trials)),
+        "mlflow_states": dict(Counter(r.info.status for r in runs)),
+        "distinct_archs": len(Counter(json.dumps(t.params, sort_keys=True) for t in optuna_trials)),
+    }
+    problems = [f"{n} trial(s) {what} in {system}" for what in ("duplicated", "lost")
+                for system, n in counts[what].items() if n]
+    problems += [f"{n} trial(s) {state} in {system}" for system, states, ok in
+                 (("optuna", counts["optuna_states"], "COMPLETE"), ("ray", counts["ray_statuses"], "TERMINATED"))
+                 for state, n in states.items() if state != ok]
+    if counts["running_runs"]:
+        problems.append(f"{counts['running_runs']} MLflow run(s) left RUNNING")
+    if counts["untagged_trial_runs"]:
+        problems.append(f"{counts['untagged_trial_runs']} MLflow trial run(s) without a {tracking.TAG_OPTUNA_TRIAL} tag")
+    return counts, problems
+
+
+def report(spec_file: Path, env: dict, trials: int) -> tuple[dict[str, Any], list[str]]:
+    """Print the audit of the finished sweep (:func:`audit`); returns it."""
     os.environ.update({k: env[k] for k in ("MLFLOW_TRACKING_URI",)})
     os.chdir(spec_file.parent)
     from ray.tune import ExperimentAnalysis
@@ -206,30 +266,22 @@ def report(spec_file: Path, env: dict, trials: int) -> None:
 
     spec = load_spec(spec_file)
     record = read_sweep_record(spec.run_dir.resolve())
-    study = study_ref(spec, record.sweep_id).load()
-    ot = study.get_trials(deepcopy=False)
-    optuna_states = Counter(t.state.name for t in ot)
+    ot = study_ref(spec, record.sweep_id).load().get_trials(deepcopy=False)
     ray_trials = ExperimentAnalysis(str(ray_dir(spec, record.sweep_id, "search"))).trials
-    ray_numbers = Counter(t.config.get("optuna_trial") for t in ray_trials)
     runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: record.sweep_id})
-    trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
-    run_numbers = Counter(r.data.tags.get(tracking.TAG_OPTUNA_TRIAL) for r in trial_runs)
-    finished_numbers = {r.data.tags.get(tracking.TAG_OPTUNA_TRIAL) for r in trial_runs if r.info.status == "FINISHED"}
-    complete = [t for t in ot if t.state.name == "COMPLETE"]
-    archs = Counter(json.dumps(t.params, sort_keys=True) for t in ot)
+    counts, problems = audit(trials, ot, ray_trials, runs)
     print()
     print(f"{'':24} {'optuna':>8} {'ray':>8} {'mlflow':>8}")
-    print(f"{'trials completed':24} {len(complete):>8} {sum(t.status == 'TERMINATED' for t in ray_trials):>8} "
-          f"{len(finished_numbers):>8}")
-    print(f"{'trials duplicated':24} {max(0, len(ot) - trials):>8} {sum(n - 1 for n in ray_numbers.values()):>8} "
-          f"{sum(n - 1 for n in run_numbers.values()):>8}")
-    print(f"{'trials lost':24} {trials - sum(t.state.is_finished() for t in ot):>8} "
-          f"{trials - len({n for n in ray_numbers if n is not None})!s:>8} {trials - len(run_numbers):>8}")
-    print(f"MLflow run states (all runs of the sweep): {dict(Counter(r.info.status for r in runs))}; "
+    for what in ("completed", "duplicated", "lost"):
+        c = counts[what]
+        print(f"{'trials ' + what:24} {c['optuna']:>8} {c['ray']:>8} {c['mlflow']:>8}")
+    print(f"MLflow run states (all runs of the sweep): {counts['mlflow_states']}; "
           f"by role: {dict(Counter((r.data.tags.get(tracking.TAG_ROLE), r.info.status) for r in runs))}")
-    print(f"Optuna trial states: {dict(optuna_states)}; distinct archs sampled {len(archs)} of {len(ot)}")
-    print(f"Ray Tune trial statuses: {dict(Counter(t.status for t in ray_trials))}")
+    print(f"Optuna trial states: {counts['optuna_states']}; distinct archs sampled {counts['distinct_archs']} "
+          f"of {len(ot)}")
+    print(f"Ray Tune trial statuses: {counts['ray_statuses']}")
     print("\n".join(sweep_status(spec).lines()))
+    return counts, problems
 
 
 if __name__ == "__main__":
