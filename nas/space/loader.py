@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from nas.space.datafiles import check_data_files
 from nas.space.errors import SpecError, format_validation_error, key_path
 from nas.space.predictor_file import read_predictor_meta
-from nas.space.schema import SweepSpec
+from nas.space.schema import REDACTED, SweepSpec
 from nas.space.space import SearchSpace
 
 __all__ = ["load_spec", "parse_spec"]
@@ -63,8 +63,16 @@ _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 """A ``${VAR}`` reference to an environment variable inside a YAML string."""
 
 
-def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: set[str], source: str) -> Any:
-    """``raw`` with ``${VAR}`` in its string values replaced by the environment's values (added to ``secrets``).
+LOCATION_KEYS = ("name", "workdir", "data")
+"""Top-level YAML keys whose ``${VAR}`` references are locations, not secrets (``workdir: ${SCRATCH}/runs``):
+logged as they are, since ``nas export`` and ``nas report`` read the run and data folders back from MLflow tags.
+A reference in any other key is a secret, masked wherever the spec is logged (:meth:`SweepSpec.redact`)."""
+
+
+def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: dict[tuple[str, ...], tuple[str, str]], source: str) -> Any:
+    """``raw`` with ``${VAR}`` in its string values replaced by the environment's values; ``secrets`` gets, for
+    each key path whose value referenced a non-empty variable, ``(value, masked)``: the substituted string and
+    the YAML's string with each reference shown as ``***``.
 
     Raises:
         SpecError: a referenced variable is not set (names the key path and the variable).
@@ -76,16 +84,22 @@ def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: set[str], source: str)
     if not isinstance(raw, str):
         return raw
 
+    hidden = False
+
     def value(m: re.Match) -> str:
+        nonlocal hidden
         name = m.group(1)
         if name not in os.environ:
             raise SpecError(f"{source}: {key_path(loc)}: environment variable {name} is not set; export it "
                             f"(e.g. in .env) or write the value in the YAML")
-        if os.environ[name]:  # an empty value hides nothing, and replacing "" would mangle every string
-            secrets.add(os.environ[name])
+        hidden = hidden or bool(os.environ[name])  # an empty value hides nothing
         return os.environ[name]
 
-    return _ENV_REF.sub(value, raw)
+    out = _ENV_REF.sub(value, raw)
+    if hidden and (not loc or loc[0] not in LOCATION_KEYS):
+        masked = _ENV_REF.sub(lambda m: REDACTED if os.environ[m.group(1)] else "", raw)
+        secrets[tuple(str(k) for k in loc)] = (out, masked)
+    return out
 
 
 def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None) -> SweepSpec:
@@ -116,7 +130,7 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
-    secrets: set[str] = set()
+    secrets: dict[tuple[str, ...], tuple[str, str]] = {}
     raw = _interpolate(raw, (), secrets, str(path))
     spec = parse_spec(raw, str(path)).keep_secrets(secrets)
     _check_points(spec, str(path))

@@ -9,7 +9,7 @@ Pydantic and the standard library only: no torch, Ray, Optuna or MLflow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -475,6 +475,10 @@ class TrackingSpec(_Strict):
         return url
 
 
+MIN_SECRET_CHARS = 6
+"""A value interpolated from ``${VAR}`` is replaced inside free text only from this length on (by key always)."""
+
+
 class SweepSpec(_Strict):
     name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]+$")
     data: DataSpec
@@ -486,29 +490,56 @@ class SweepSpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     workdir: Path = Path("nas_runs")
     """Where checkpoints, the Optuna journal and Ray results go (a folder per sweep name)."""
-    _secrets: frozenset[str] = PrivateAttr(default_factory=frozenset)
-    """The values ``load_spec`` substituted for ``${VAR}`` references (see :meth:`redact`)."""
+    _secrets: dict[tuple[str, ...], tuple[str, str]] = PrivateAttr(default_factory=dict)
+    """Key path -> (value, masked) of every string ``load_spec`` substituted a ``${VAR}`` into (see :meth:`redact`)."""
 
-    def keep_secrets(self, secrets: Iterable[str]) -> "SweepSpec":
-        """Remember the values substituted for ``${VAR}`` references (by :func:`nas.space.loader.load_spec`), so
-        that :meth:`redact` hides them; returns this spec."""
-        self._secrets = frozenset(secrets)
+    def keep_secrets(self, secrets: Mapping[tuple[str, ...], tuple[str, str]]) -> "SweepSpec":
+        """Remember the strings that ``${VAR}`` references were substituted into, by YAML key path
+        (``("tracking", "optuna_storage")`` -> ``(value, value with each reference shown as ***)``), so that
+        :meth:`redact` hides them; returns this spec."""
+        self._secrets = dict(secrets)
         return self
 
-    def redact(self, obj: Any) -> Any:
-        """``obj`` with every value interpolated from the environment replaced by ``***`` inside its strings,
-        recursively through dicts, lists and tuples (keys too); use it on whatever is logged or written."""
+    def redact(self, obj: Any, path: tuple[str, ...] = ()) -> Any:
+        """``obj`` with every value interpolated from the environment hidden; use it on whatever is logged or
+        written.
+
+        By key: in a mapping (nested, or flat with dotted keys such as MLflow params, both rooted at the YAML's
+        top level), the value at a key path that the YAML filled from ``${VAR}`` becomes the YAML's string with
+        each reference shown as ``***``. A string outside such a key, or ``obj`` itself when it is a string,
+        has each variable's value of at least :data:`MIN_SECRET_CHARS` characters replaced by ``***`` (a
+        shorter one, ``1`` or ``nas``, would mangle unrelated text; a password in a URL is masked by
+        :func:`nas.redact.redact_url` wherever one is shown).
+        """
         if not self._secrets:
             return obj
+        if path in self._secrets:
+            return self._secrets[path][1]
         if isinstance(obj, str):
-            for secret in sorted(self._secrets, key=len, reverse=True):
-                obj = obj.replace(secret, REDACTED)
+            for value in sorted((v for v in self._values() if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True):
+                obj = obj.replace(value, REDACTED)
             return obj
-        if isinstance(obj, dict):
-            return {self.redact(k): self.redact(v) for k, v in obj.items()}
+        if isinstance(obj, Mapping):
+            return {k: self.redact(v, (*path, *str(k).split("."))) for k, v in obj.items()}
         if isinstance(obj, (list, tuple)):
-            return type(obj)(self.redact(v) for v in obj)
+            return type(obj)(self.redact(v, (*path, str(i))) for i, v in enumerate(obj))
         return obj
+
+    def _values(self) -> set[str]:
+        """The substituted strings and the variables' own values inside them (``pw`` of ``postgresql://u:pw@h/db``,
+        recovered from the masked form ``postgresql://u:***@h/db``)."""
+        out = set()
+        for value, masked in self._secrets.values():
+            out.add(value)
+            parts = masked.split(REDACTED)
+            rest = value
+            for before, after in zip(parts, parts[1:]):
+                rest = rest[len(before):]
+                end = rest.find(after) if after else len(rest)
+                if end > 0:
+                    out.add(rest[:end])
+                rest = rest[max(end, 0):]
+        return out
 
     @property
     def experiment(self) -> str:

@@ -34,6 +34,38 @@ def test_env_reference_is_substituted_and_redacted(multi30k, tmp_path, monkeypat
     assert SECRET not in str(dumped) and dumped["supernet"] == spec.supernet.model_dump(mode="json")
 
 
+def test_a_short_secret_is_masked_by_key_and_mangles_nothing_else(multi30k, tmp_path, monkeypatch):
+    """Failed before: the value ``nas`` was replaced inside every string (``*** sweep``, ``postgresql://***:***``)."""
+    monkeypatch.setenv("NAS_PW", "nas")
+    raw = tiny_spec_dict(multi30k, tmp_path, tracking={"optuna_storage": "postgresql://nas:${NAS_PW}@db/nas"})
+    spec = load_spec(_write(tmp_path, raw), check_files=False)
+    params = spec.redact({"yaml": "# nas sweep tiny.yaml", "tracking.optuna_storage": spec.tracking.optuna_storage,
+                          "search": {"method": "tpe"}})
+    assert params == {"yaml": "# nas sweep tiny.yaml", "tracking.optuna_storage": f"postgresql://nas:{REDACTED}@db/nas",
+                      "search": {"method": "tpe"}}
+    dumped = spec.redact(spec.model_dump(mode="json"))
+    assert dumped["tracking"]["optuna_storage"] == f"postgresql://nas:{REDACTED}@db/nas"
+    assert dumped["name"] == spec.name and dumped["supernet"] == spec.supernet.model_dump(mode="json")
+
+
+def test_a_long_secret_is_masked_inside_free_text_too(multi30k, tmp_path, monkeypatch):
+    monkeypatch.setenv("NAS_DB_PASSWORD", SECRET)
+    raw = tiny_spec_dict(multi30k, tmp_path, tracking={"optuna_storage": "postgresql://nas:${NAS_DB_PASSWORD}@db/o"})
+    spec = load_spec(_write(tmp_path, raw), check_files=False)
+    message = spec.redact(f"cannot reach postgresql://nas:{SECRET}@db/o ({SECRET})")
+    assert SECRET not in message and message.startswith("cannot reach ") and message.endswith(f"({REDACTED})")
+    assert spec.redact({"note": f"pw={SECRET}"}) == {"note": f"pw={REDACTED}"}
+
+
+def test_locations_from_the_environment_are_logged_as_they_are(multi30k, tmp_path, monkeypatch):
+    """``workdir: ${SCRATCH}/runs`` is a place, not a secret: `nas export` reads the run folder back from MLflow."""
+    monkeypatch.setenv("NAS_SCRATCH", str(tmp_path / "scratch"))
+    raw = tiny_spec_dict(multi30k, tmp_path)
+    raw["workdir"] = "${NAS_SCRATCH}/runs"
+    spec = load_spec(_write(tmp_path, raw), check_files=False)
+    assert spec.redact(spec.model_dump(mode="json"))["workdir"] == str(tmp_path / "scratch" / "runs")
+
+
 def test_spec_without_env_references_redacts_nothing(multi30k, tmp_path):
     spec = load_spec(_write(tmp_path, tiny_spec_dict(multi30k, tmp_path)), check_files=False)
     assert spec.redact({"a": ["tiny", 1]}) == {"a": ["tiny", 1]}
@@ -85,4 +117,6 @@ def test_secret_from_env_is_in_no_mlflow_param_artifact_or_run_file(multi30k, tm
     run_files = [f for f in (tmp_path / "runs" / "tiny").rglob("*") if f.is_file()]
     leaked = [f for f in artifacts + run_files if SECRET.encode() in f.read_bytes()]
     assert not leaked
+    mlflow_db = tmp_path / "mlflow.db"  # every MLflow table: params, tags, metric keys, run and experiment names
+    assert mlflow_db.is_file() and SECRET.encode() not in mlflow_db.read_bytes()
     assert REDACTED.encode() in (tmp_path / "runs" / "tiny" / "sweep.json").read_bytes()
