@@ -30,6 +30,7 @@ import sentencepiece as spm
 import torch
 from rich.console import Console
 
+from nas import faults
 from nas.errors import NasError
 from nas.locks import hold, holder_text, is_held
 from nas.space.datafiles import file_problem
@@ -426,6 +427,7 @@ def prepare_data(
             stats = _build(tmp, train, valid, vocab_size, max_len, seed, say)
             (tmp / _DONE).write_text(json.dumps({**settings, **stats}, indent=2) + "\n")
             tmp.chmod(0o755)  # mkdtemp makes it private; the published cache is shared
+            faults.kill_point("data_prepare")  # tests only: a kill with the folder filled, not yet published
             _publish(tmp, root)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

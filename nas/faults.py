@@ -16,6 +16,17 @@ environment, so setting it for ``nas sweep`` reaches the trials)::
 
 The points today: ``score_trial`` (:func:`nas.search.trials.score_trial`).
 
+Kill points (:func:`kill_point`) are armed by a second variable, for the kill tests of
+``benchmarks/bench_resume.py``::
+
+    NAS_TEST_KILL=POINT[:N]      # SIGKILL the process the N-th time (default 1) it passes POINT
+
+POINT is one of :data:`KILL_POINTS`: ``data_prepare`` (the data cache's temporary folder is filled, not yet
+published), ``checkpoint_write`` (a checkpoint's temporary file is written, not yet renamed into place),
+``mlflow_write`` (before an MLflow ``log_batch``), ``after_tell`` (Optuna was told a trial's result, its MLflow
+run not yet ended). Passes are counted per process. Before the kill, the point appends ``POINT pid`` to the
+file ``NAS_TEST_KILL_LOG`` names (if set), so a test knows where its kill landed.
+
 Unset, empty or an "off" value (``0``, ``off``, ``false``, ``no``, ``none``; any case) arms nothing, so
 ``NAS_TEST_FAULT=0`` left in a shell never fails a user's sweep. Any other value that is not
 ``KIND[:WHEN]`` is refused by :func:`check`, which ``nas sweep`` calls before anything starts (exit 2,
@@ -31,7 +42,8 @@ from pathlib import Path
 from nas.errors import NasError
 from nas.io import atomic_write_text
 
-__all__ = ["ENV", "KINDS", "OFF", "FaultSpecError", "check", "parse", "point"]
+__all__ = ["ENV", "KILL_ENV", "KILL_LOG_ENV", "KILL_POINTS", "KINDS", "OFF", "FaultSpecError", "check", "kill_point",
+           "parse", "parse_kill", "point"]
 
 ENV = "NAS_TEST_FAULT"
 """The environment variable that arms the fault points (tests only)."""
@@ -39,6 +51,13 @@ KINDS = ("raise", "nan", "oom")
 """The faults a point can show."""
 OFF = ("", "0", "off", "false", "no", "none")
 """Values (stripped, lower-cased) that arm nothing, as if :data:`ENV` were unset."""
+KILL_ENV = "NAS_TEST_KILL"
+"""The environment variable that arms one kill point (tests only)."""
+KILL_LOG_ENV = "NAS_TEST_KILL_LOG"
+"""A file a kill point appends ``POINT pid`` to before it kills its process."""
+KILL_POINTS = ("data_prepare", "checkpoint_write", "mlflow_write", "after_tell")
+"""The places a kill test may SIGKILL a process (see the module docstring)."""
+_passes: dict[str, int] = {}
 
 
 class FaultSpecError(NasError):
@@ -63,12 +82,55 @@ def parse(value: str | None) -> tuple[str, str] | None:
 
 
 def check() -> None:
-    """Refuse a malformed :data:`ENV` before anything starts (``nas sweep`` calls it first).
+    """Refuse a malformed :data:`ENV` or :data:`KILL_ENV` before anything starts (``nas sweep`` calls it first).
 
     Raises:
-        FaultSpecError: see :func:`parse`.
+        FaultSpecError: see :func:`parse` and :func:`parse_kill`.
     """
     parse(os.environ.get(ENV))
+    parse_kill(os.environ.get(KILL_ENV))
+
+
+def parse_kill(value: str | None) -> tuple[str, int] | None:
+    """``(point, n)`` armed by the :data:`KILL_ENV` value ``value``, or None when it arms nothing (unset or
+    :data:`OFF`).
+
+    Raises:
+        FaultSpecError: any other value that is not ``POINT[:N]`` with POINT in :data:`KILL_POINTS`, N >= 1.
+    """
+    if value is None or value.strip().lower() in OFF:
+        return None
+    name, _, n = value.strip().partition(":")
+    if name in KILL_POINTS and (not n or (n.isdigit() and int(n) >= 1)):
+        return name, int(n or 1)
+    raise FaultSpecError(f"{KILL_ENV}={value!r}: expected POINT[:N], POINT in {'|'.join(KILL_POINTS)}, N >= 1 "
+                         f"(a test-only hook: unset it, or set it to 0, to run without kills)")
+
+
+def kill_point(name: str) -> None:
+    """A kill point named ``name`` (one of :data:`KILL_POINTS`): does nothing unless :data:`KILL_ENV` arms it;
+    then, on the armed pass, logs ``name pid`` to :data:`KILL_LOG_ENV` and SIGKILLs this process.
+
+    Raises:
+        FaultSpecError: a malformed :data:`KILL_ENV` (see :func:`parse_kill`).
+    """
+    armed = parse_kill(os.environ.get(KILL_ENV))
+    if armed is None or armed[0] != name:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] != armed[1]:
+        return
+    log = os.environ.get(KILL_LOG_ENV)
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, f"{name} {os.getpid()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _probability(when: str) -> float | None:

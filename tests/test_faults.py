@@ -72,3 +72,63 @@ def test_first_needs_an_attempts_file(monkeypatch):
     monkeypatch.setenv(faults.ENV, "raise:first")
     with pytest.raises(ValueError, match="results folder"):
         faults.point("score_trial")
+
+
+# ---- kill points (NAS_TEST_KILL) -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value, armed", [("mlflow_write", ("mlflow_write", 1)), (" after_tell:3 ", ("after_tell", 3)),
+                                          ("0", None), ("off", None), ("", None)])
+def test_parse_kill_reads_point_and_pass(value, armed):
+    assert faults.parse_kill(value) == armed
+
+
+@pytest.mark.parametrize("value", ["explode", "mlflow_write:0", "mlflow_write:x", "checkpoint", "after_tell:-1"])
+def test_check_refuses_a_malformed_kill_value_naming_the_points(monkeypatch, value):
+    from nas.errors import NasError
+
+    monkeypatch.delenv(faults.ENV, raising=False)
+    monkeypatch.setenv(faults.KILL_ENV, value)
+    with pytest.raises(NasError, match=f"{faults.KILL_ENV}={value!r}: expected POINT\\[:N\\], POINT in "
+                                       "data_prepare\\|checkpoint_write\\|mlflow_write\\|after_tell"):
+        faults.check()
+
+
+def _python(code: str, tmp_path, **env) -> "subprocess.CompletedProcess":
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **env})
+
+
+def test_an_armed_kill_point_sigkills_its_process_on_the_nth_pass_and_logs_where(tmp_path):
+    import signal
+
+    log = tmp_path / "kills.log"
+    proc = _python("from nas import faults\nfor i in range(5):\n    print(i, flush=True)\n"
+                   "    faults.kill_point('after_tell')\n    faults.kill_point('mlflow_write')\n",
+                   tmp_path, NAS_TEST_KILL="mlflow_write:3", NAS_TEST_KILL_LOG=str(log))
+    assert proc.returncode == -signal.SIGKILL
+    assert proc.stdout.split() == ["0", "1", "2"]
+    point, pid = log.read_text().split()
+    assert point == "mlflow_write" and int(pid) > 0
+
+
+def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_whole(tmp_path):
+    """The point sits between the temporary file's write and its rename: the old checkpoint must load."""
+    import signal
+
+    import torch
+
+    code = ("import torch\nfrom pathlib import Path\nfrom trainers.loop import _save_checkpoint\n"
+            "p = Path('checkpoint.pt')\n_save_checkpoint(p, {'step': 1, 'w': torch.ones(3)})\n"
+            "_save_checkpoint(p, {'step': 2, 'w': torch.zeros(3)})\n")
+    proc = _python(code, tmp_path, NAS_TEST_KILL="checkpoint_write:2", NAS_TEST_KILL_LOG=str(tmp_path / "k.log"))
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    state = torch.load(tmp_path / "checkpoint.pt")
+    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(3))
+    assert (tmp_path / "k.log").read_text().startswith("checkpoint_write ")

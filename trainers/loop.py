@@ -37,6 +37,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from nas import faults
 from nas.errors import NasError
 from nas.builders import build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
@@ -83,6 +84,7 @@ class TrainResult:
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     with atomic_path(path) as tmp:
         torch.save(state, tmp)
+        faults.kill_point("checkpoint_write")  # tests only: a kill with the new file written, not yet renamed
 
 
 def _progress(enabled: bool) -> Progress:

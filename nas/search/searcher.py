@@ -32,6 +32,7 @@ from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.search import Searcher
 
+from nas import faults
 from nas.builders import build_sampler
 from nas.redact import redact_url
 from nas.space import SearchSpec, SpecError
@@ -300,6 +301,7 @@ class DurableOptunaSearch(Searcher):
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                 trial.set_constraint(c.key, c.violation(float(value)) if ok else math.inf)  # missing: infeasible
         self.study.tell(number, [float(v) for v in values])
+        faults.kill_point("after_tell")  # tests only: a kill after Optuna's tell, before the MLflow run ends
 
     def _fail(self, number: int, message: str) -> None:
         frozen = self._trials()[number]

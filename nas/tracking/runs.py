@@ -16,6 +16,7 @@ import mlflow
 from mlflow.entities import Metric, Param, ViewType
 from mlflow.tracking import MlflowClient
 
+from nas import faults
 from nas.errors import NotFoundError
 from nas.redact import redact_url
 from nas.tracking.layout import STAGE_NAMES, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID, tracking_uri
@@ -148,6 +149,7 @@ def log_metrics(run_id: str, metrics: Mapping[str, float], step: int = 0) -> Non
         if isinstance(v, numbers.Real) and not isinstance(v, bool)
     ]
     if batch:
+        faults.kill_point("mlflow_write")  # tests only: a kill as an MLflow write starts
         get_client().log_batch(run_id, metrics=batch)
 
 
