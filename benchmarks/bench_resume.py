@@ -1,11 +1,20 @@
 """Kill a sweep's driver at random moments and resume it each time; then count what survived.
 
-    python benchmarks/bench_resume.py [--trials 12] [--kills 5] [--seed 0] [--work DIR]
+    python benchmarks/bench_resume.py [--trials 12] [--kills 5] [--seed 0] [--work DIR] [--mode points|random]
 
 A tiny sweep (C=32 supernet, 300 Multi30k pairs, 24 validation sentences) runs as `nas sweep FILE` in a
-subprocess. The driver gets SIGKILL ``--kills`` times and is started again each time with the same command;
+subprocess. The sweep gets SIGKILL ``--kills`` times and is started again each time with the same command;
 the last run goes to the end. Ray processes that the killed driver leaves behind (its process group) are
-killed too, as a dead machine would lose them. Each kill lands at a random moment:
+killed too, as a dead machine would lose them.
+
+``--mode points`` (default): each kill lands at a named kill point of :mod:`nas.faults`, armed for that run
+with ``NAS_TEST_KILL=POINT:N`` (the process passing it the N-th time SIGKILLs itself, then the bench kills
+the rest of the group): ``data_prepare`` (first run, fresh data cache), ``checkpoint_write`` (inside a
+supernet checkpoint write), ``mlflow_write`` (as an MLflow write starts) and ``after_tell`` (Optuna told, MLflow
+run not yet ended), in that order, then the last three drawn at random; N is drawn small enough to be
+reached. Which point each kill hit (and in which process) is read from the points' log.
+
+``--mode random``: each kill lands at a random moment:
 
 - with probability ``--startup-share``, a random time in [--min-s, --max-s] seconds after the start
   (start-up, data preparation, Ray start-up);
@@ -41,6 +50,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
+CHECKPOINT_EVERY = 4
 
 
 def spec_dict(work: Path, trials: int, train_steps: int) -> dict:
@@ -55,7 +65,8 @@ def spec_dict(work: Path, trials: int, train_steps: int) -> dict:
         "space": {"encoder_layers": {"values": [1, 2]}, "decoder_layers": {"values": [1, 2]},
                   "width": {"values": [16, 32], "per_layer": True}, "ffn_width": {"values": [32, 64], "per_layer": True},
                   "branches": {"values": [1, 2], "per_layer": True}},
-        "train": {"steps": train_steps, "max_tokens": 512, "warmup_steps": 4, "checkpoint_every": 4, "log_every": 4,
+        "train": {"steps": train_steps, "max_tokens": 512, "warmup_steps": 4, "checkpoint_every": CHECKPOINT_EVERY,
+                  "log_every": 4,
                   "eval_beam_size": 2, "lr": 2e-3},
         "search": {"trials": trials, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
@@ -106,18 +117,30 @@ def progress(log: str, train_steps: int, done_before: int) -> int:
 
 
 def run_once(cmd: list[str], env: dict, cwd: Path, log: Path, kill: Callable[[str, float], bool] | None
-             ) -> tuple[int | None, str]:
-    """Run the driver; SIGKILL it (and its process group) as soon as ``kill(output, seconds)`` says so."""
+             ) -> tuple[int | None, str, int]:
+    """Run the driver; SIGKILL it (and its process group) as soon as ``kill(output, seconds)`` says so, or a
+    kill point killed it. Returns (None, output, pid) for a kill, else (exit code, output, pid)."""
     t0 = time.monotonic()
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         while proc.poll() is None:
             if kill is not None and kill(log.read_text(errors="replace"), time.monotonic() - t0):
                 kill_group(proc)
-                return None, log.read_text(errors="replace")
+                return None, log.read_text(errors="replace"), proc.pid
             time.sleep(0.1)
         kill_group(proc)  # the driver exited: clean up its group anyway
-    return proc.returncode, log.read_text(errors="replace")
+    if kill is not None and kill(log.read_text(errors="replace"), time.monotonic() - t0):
+        return None, log.read_text(errors="replace"), proc.pid  # a kill point in the driver itself
+    return proc.returncode, log.read_text(errors="replace"), proc.pid
+
+
+def point_plan(rng: random.Random, args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The named kill points, in order, with the pass N each is armed for (see the module docstring)."""
+    checkpoints = max(1, args.train_steps // CHECKPOINT_EVERY - 1)
+    first = [("data_prepare", 1), ("checkpoint_write", rng.randint(1, min(2, checkpoints))),
+             ("mlflow_write", rng.randint(1, 3)), ("after_tell", rng.randint(1, max(1, min(2, args.trials // 4))))]
+    more = [(rng.choice(["mlflow_write", "after_tell"]), rng.randint(1, 2)) for _ in range(max(0, args.kills - 4))]
+    return (first + more)[: args.kills]
 
 
 def kill_plan(rng: random.Random, args: argparse.Namespace) -> list[tuple[str, float]]:
@@ -159,6 +182,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=48)
     ap.add_argument("--work", type=Path, default=None, help="Folder to work in (default: a new temporary one).")
     ap.add_argument("--json", type=Path, default=None, help="Also write the counts and the kill log here.")
+    ap.add_argument("--mode", choices=("points", "random"), default="points",
+                    help="Kill at named kill points (default) or at random moments.")
     args = ap.parse_args()
     work = (args.work or Path(tempfile.mkdtemp(prefix="bench_resume_"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -168,21 +193,34 @@ def main() -> None:
     cmd = [sys.executable, "-m", "nas.cli", "sweep", str(spec_file)]
     rng = random.Random(args.seed)
     t0 = time.monotonic()
-    print(f"work folder {work}; {args.trials} trials, {args.kills} SIGKILLs at random moments")
-    plan = kill_plan(rng, args)
+    points_log = work / "kill_points.log"
+    print(f"work folder {work}; {args.trials} trials, {args.kills} SIGKILLs "
+          f"{'at named kill points' if args.mode == 'points' else 'at random moments'}")
+    plan = point_plan(rng, args) if args.mode == "points" else kill_plan(rng, args)
     kills = attempt = 0
     kill_log: list[dict[str, Any]] = []
     while True:
         attempt += 1
         done_before = completed(spec_file)
-        what, due = "", None
-        if kills < args.kills:
+        what, due, run_env = "", None, env
+        hits_before = len(_lines(points_log))
+        if kills < args.kills and args.mode == "points":
+            name, n = plan[kills]
+            what = f"at kill point {name}, pass {n}"
+            run_env = {**env, "NAS_TEST_KILL": f"{name}:{n}", "NAS_TEST_KILL_LOG": str(points_log)}
+            due = lambda out, secs, before=hits_before: len(_lines(points_log)) > before
+        elif kills < args.kills:
             what, due = kill_predicate(*plan[kills], rng.uniform(0.0, 0.5), args.train_steps, done_before)
-        rc, log = run_once(cmd, env, work, work / f"driver_{attempt}.log", due)
+        rc, log, pid = run_once(cmd, run_env, work, work / f"driver_{attempt}.log", due)
         if rc is None:
             kills += 1
-            kill_log.append({"kill": kills, "what": what, "phase": phase(log)})
-            print(f"  kill {kills}: SIGKILL {what}, during {phase(log)}; "
+            hit = _lines(points_log)[hits_before:]
+            kill_log.append({"kill": kills, "what": what, "phase": phase(log),
+                             **({"point": hit[0].split()[0], "pid": int(hit[0].split()[1]),
+                                 "in_driver": int(hit[0].split()[1]) == pid} if hit else {})})
+            where = (f" (hit in the {'driver' if kill_log[-1]['in_driver'] else 'Ray worker'} pid {kill_log[-1]['pid']})"
+                     if "point" in kill_log[-1] else "")
+            print(f"  kill {kills}: SIGKILL {what}{where}, during {phase(log)}; "
                   f"{completed(spec_file)}/{args.trials} trials complete in Optuna", flush=True)
             continue
         if kills < args.kills:
@@ -252,6 +290,13 @@ def audit(trials: int, optuna_trials: list, ray_trials: list, runs: list) -> tup
     if counts["untagged_trial_runs"]:
         problems.append(f"{counts['untagged_trial_runs']} MLflow trial run(s) without a {tracking.TAG_OPTUNA_TRIAL} tag")
     return counts, problems
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text().splitlines()
+    except OSError:
+        return []
 
 
 def report(spec_file: Path, env: dict, trials: int) -> tuple[dict[str, Any], list[str]]:

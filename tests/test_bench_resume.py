@@ -65,13 +65,17 @@ def test_every_loss_duplicate_and_running_run_is_a_problem(break_it, expected):
 
 
 @pytest.mark.slow
-def test_ci_sized_run_of_six_trials_and_three_kills_loses_nothing(multi30k, tmp_path):
+def test_ci_sized_run_of_six_trials_killed_at_each_named_point_loses_nothing(multi30k, tmp_path):
+    """4 SIGKILLs, one at each kill point of nas.faults: inside data preparation, inside a checkpoint write, as an
+    MLflow write starts, and between Optuna's tell and the MLflow run's end; the sweep resumed after each."""
     out = tmp_path / "bench_resume.json"
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_resume.py"), "--trials", "6", "--kills",
-                           "3", "--train-steps", "16", "--seed", "1", "--work", str(tmp_path / "work"),
+                           "4", "--train-steps", "16", "--seed", "1", "--work", str(tmp_path / "work"),
                            "--json", str(out)], capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     summary = json.loads(out.read_text())
-    assert summary["problems"] == [] and summary["kills"] == 3, summary
+    assert summary["problems"] == [] and summary["kills"] == 4, summary
+    assert [k.get("point") for k in summary["kill_log"]] == ["data_prepare", "checkpoint_write", "mlflow_write",
+                                                            "after_tell"], summary["kill_log"]
     assert summary["completed"] == {"optuna": 6, "ray": 6, "mlflow": 6}
-    assert "OK: 6 trials, 3 kills" in proc.stdout
+    assert "OK: 6 trials, 4 kills" in proc.stdout
