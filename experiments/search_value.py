@@ -458,6 +458,9 @@ def phase_report(out: Path) -> dict[str, Any]:
     sets: dict[str, list[dict[str, Any]]] = {"baselines": baselines}
     compute = {"baselines_seconds": sum(r["train_seconds"] for r in baselines)}
     for space in ("quickstart", "unified"):
+        sweep = _read(out / space / "sweep.json") or {}
+        compute[f"{space}_sweep_seconds"] = sweep.get("seconds")
+        compute[f"{space}_supernet_seconds"] = sweep.get("supernet_seconds")
         front = rows([out / space / "front.json"])
         if not front:
             continue
@@ -466,9 +469,6 @@ def phase_report(out: Path) -> dict[str, Any]:
         retrained = [r for r in rows(sorted((out / space).glob("retrained_*.json"))) if r["arch_id"] in on_front]
         if retrained:
             sets[f"{space} retrained"] = retrained
-        sweep = _read(out / space / "sweep.json") or {}
-        compute[f"{space}_sweep_seconds"] = sweep.get("seconds")
-        compute[f"{space}_supernet_seconds"] = sweep.get("supernet_seconds")
         compute[f"{space}_retrain_seconds"] = sum(r["train_seconds"] for r in retrained)
     table = {}
     for name, points in sets.items():
