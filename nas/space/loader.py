@@ -69,10 +69,12 @@ logged as they are, since ``nas export`` and ``nas report`` read the run and dat
 A reference in any other key is a secret, masked wherever the spec is logged (:meth:`SweepSpec.redact`)."""
 
 
-def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: dict[tuple[str, ...], tuple[str, str]], source: str) -> Any:
+def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]],
+                 source: str) -> Any:
     """``raw`` with ``${VAR}`` in its string values replaced by the environment's values; ``secrets`` gets, for
-    each key path whose value referenced a non-empty variable, ``(value, masked)``: the substituted string and
-    the YAML's string with each reference shown as ``***``.
+    each key path (outside :data:`LOCATION_KEYS`) whose value referenced a non-empty variable, ``(masked,
+    values)``: the YAML's string with each reference shown as ``***``, and the substituted string with the
+    variables' values.
 
     Raises:
         SpecError: a referenced variable is not set (names the key path and the variable).
@@ -84,21 +86,21 @@ def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: dict[tuple[str, ...], 
     if not isinstance(raw, str):
         return raw
 
-    hidden = False
+    values: set[str] = set()
 
     def value(m: re.Match) -> str:
-        nonlocal hidden
         name = m.group(1)
         if name not in os.environ:
             raise SpecError(f"{source}: {key_path(loc)}: environment variable {name} is not set; export it "
                             f"(e.g. in .env) or write the value in the YAML")
-        hidden = hidden or bool(os.environ[name])  # an empty value hides nothing
+        if os.environ[name]:  # an empty value hides nothing
+            values.add(os.environ[name])
         return os.environ[name]
 
     out = _ENV_REF.sub(value, raw)
-    if hidden and (not loc or loc[0] not in LOCATION_KEYS):
+    if values and (not loc or loc[0] not in LOCATION_KEYS):
         masked = _ENV_REF.sub(lambda m: REDACTED if os.environ[m.group(1)] else "", raw)
-        secrets[tuple(str(k) for k in loc)] = (out, masked)
+        secrets[tuple(str(k) for k in loc)] = (masked, frozenset({out, *values}))
     return out
 
 
@@ -130,7 +132,7 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
-    secrets: dict[tuple[str, ...], tuple[str, str]] = {}
+    secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
     raw = _interpolate(raw, (), secrets, str(path))
     spec = parse_spec(raw, str(path)).keep_secrets(secrets)
     _check_points(spec, str(path))

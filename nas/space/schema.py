@@ -490,13 +490,13 @@ class SweepSpec(_Strict):
     tracking: TrackingSpec = TrackingSpec()
     workdir: Path = Path("nas_runs")
     """Where checkpoints, the Optuna journal and Ray results go (a folder per sweep name)."""
-    _secrets: dict[tuple[str, ...], tuple[str, str]] = PrivateAttr(default_factory=dict)
-    """Key path -> (value, masked) of every string ``load_spec`` substituted a ``${VAR}`` into (see :meth:`redact`)."""
+    _secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = PrivateAttr(default_factory=dict)
+    """Key path -> (masked, values) of every string ``load_spec`` substituted a ``${VAR}`` into (see :meth:`redact`)."""
 
-    def keep_secrets(self, secrets: Mapping[tuple[str, ...], tuple[str, str]]) -> "SweepSpec":
-        """Remember the strings that ``${VAR}`` references were substituted into, by YAML key path
-        (``("tracking", "optuna_storage")`` -> ``(value, value with each reference shown as ***)``), so that
-        :meth:`redact` hides them; returns this spec."""
+    def keep_secrets(self, secrets: Mapping[tuple[str, ...], tuple[str, frozenset[str]]]) -> "SweepSpec":
+        """Remember the strings that ``${VAR}`` references were substituted into, by YAML key path:
+        ``("tracking", "optuna_storage")`` -> (the YAML's string with each reference shown as ``***``, the
+        substituted string and the variables' values), so that :meth:`redact` hides them; returns this spec."""
         self._secrets = dict(secrets)
         return self
 
@@ -507,16 +507,17 @@ class SweepSpec(_Strict):
         By key: in a mapping (nested, or flat with dotted keys such as MLflow params, both rooted at the YAML's
         top level), the value at a key path that the YAML filled from ``${VAR}`` becomes the YAML's string with
         each reference shown as ``***``. A string outside such a key, or ``obj`` itself when it is a string,
-        has each variable's value of at least :data:`MIN_SECRET_CHARS` characters replaced by ``***`` (a
-        shorter one, ``1`` or ``nas``, would mangle unrelated text; a password in a URL is masked by
-        :func:`nas.redact.redact_url` wherever one is shown).
+        has each substituted string and variable value of at least :data:`MIN_SECRET_CHARS` characters
+        replaced by ``***`` (a shorter one, ``1`` or ``nas``, would mangle unrelated text; a password in a
+        URL is masked by :func:`nas.redact.redact_url` wherever one is shown).
         """
         if not self._secrets:
             return obj
         if path in self._secrets:
-            return self._secrets[path][1]
+            return self._secrets[path][0]
         if isinstance(obj, str):
-            for value in sorted((v for v in self._values() if len(v) >= MIN_SECRET_CHARS), key=len, reverse=True):
+            values = {v for _, vs in self._secrets.values() for v in vs if len(v) >= MIN_SECRET_CHARS}
+            for value in sorted(values, key=len, reverse=True):
                 obj = obj.replace(value, REDACTED)
             return obj
         if isinstance(obj, Mapping):
@@ -524,22 +525,6 @@ class SweepSpec(_Strict):
         if isinstance(obj, (list, tuple)):
             return type(obj)(self.redact(v, (*path, str(i))) for i, v in enumerate(obj))
         return obj
-
-    def _values(self) -> set[str]:
-        """The substituted strings and the variables' own values inside them (``pw`` of ``postgresql://u:pw@h/db``,
-        recovered from the masked form ``postgresql://u:***@h/db``)."""
-        out = set()
-        for value, masked in self._secrets.values():
-            out.add(value)
-            parts = masked.split(REDACTED)
-            rest = value
-            for before, after in zip(parts, parts[1:]):
-                rest = rest[len(before):]
-                end = rest.find(after) if after else len(rest)
-                if end > 0:
-                    out.add(rest[:end])
-                rest = rest[max(end, 0):]
-        return out
 
     @property
     def experiment(self) -> str:
