@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from nas import faults
+from tests.conftest import REPO
 
 
 def test_unarmed_point_does_nothing(monkeypatch):
@@ -94,13 +99,7 @@ def test_check_refuses_a_malformed_kill_value_naming_the_points(monkeypatch, val
         faults.check()
 
 
-def _python(code: str, tmp_path, **env) -> "subprocess.CompletedProcess":
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO
-
+def _python(code: str, tmp_path, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(REPO), **env})
 
