@@ -215,11 +215,13 @@ def main() -> None:
         if rc is None:
             kills += 1
             hit = _lines(points_log)[hits_before:]
-            kill_log.append({"kill": kills, "what": what, "phase": phase(log),
-                             **({"point": hit[0].split()[0], "pid": int(hit[0].split()[1]),
-                                 "in_driver": int(hit[0].split()[1]) == pid} if hit else {})})
-            where = (f" (hit in the {'driver' if kill_log[-1]['in_driver'] else 'Ray worker'} pid {kill_log[-1]['pid']})"
-                     if "point" in kill_log[-1] else "")
+            entry: dict[str, Any] = {"kill": kills, "what": what, "phase": phase(log)}
+            where = ""
+            if hit:  # "POINT PID", written by the kill point just before it killed its process
+                point, hit_pid = hit[0].split()
+                entry.update(point=point, pid=int(hit_pid), in_driver=int(hit_pid) == pid)
+                where = f" (hit in the {'driver' if entry['in_driver'] else 'Ray worker'} pid {hit_pid})"
+            kill_log.append(entry)
             print(f"  kill {kills}: SIGKILL {what}{where}, during {phase(log)}; "
                   f"{completed(spec_file)}/{args.trials} trials complete in Optuna", flush=True)
             continue
