@@ -99,7 +99,9 @@ def test_champion_loads_in_a_fresh_process_and_translates_like_nas_translate(reg
     )
     elsewhere = work / "client"
     elsewhere.mkdir(exist_ok=True)
-    clean = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    # PYTHONDONTWRITEBYTECODE: MLflow loads a model of a local file store in place, so this process would write
+    # __pycache__ into the stored model, which the next test reads back as what the export logged
+    clean = {**{k: v for k, v in env.items() if k != "PYTHONPATH"}, "PYTHONDONTWRITEBYTECODE": "1"}
     proc = _fresh_python(code, clean, elsewhere, NAME, json.dumps(source))
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
