@@ -32,6 +32,8 @@ class AttentionWeights(NamedTuple):
     """``[G, C, B*D]`` output projection of the concatenated branches (drop-branch scales it per sentence)."""
     b_out: torch.Tensor
     """``[G, B, C]``."""
+    heads: int
+    """Heads per branch ``h`` at this width."""
 
 
 class MultiBranchAttention(nn.Module):
@@ -124,7 +126,7 @@ class MultiBranchAttention(nn.Module):
         else:
             proj, kv = pack(w_in.reshape(groups, nb * 3 * width, c), b_in.reshape(groups, -1)), None
         out = pack(w_out, b_out[:, 0]) if nb == 1 else pack(w_out / nb, b_out.mean(1))
-        return AttentionWeights(proj, kv, out, w_out, b_out)
+        return AttentionWeights(proj, kv, out, w_out, b_out, self.heads_of(width))
 
     def memory_kv(self, memory: torch.Tensor, w: AttentionWeights) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention keys and values of ``memory [b, s, C]`` for every group: each ``[G, b, B*h, s, dh]``
@@ -214,7 +216,7 @@ class MultiBranchAttention(nn.Module):
         (``[G, b, B*h, dh]``, views).
         """
         groups, bsz, t, _ = xs.shape
-        per_branch = self.heads_of(w.w_out.size(-1) // w.b_out.size(1))  # h at this width
+        per_branch = w.heads  # h at this width
         heads = w.b_out.size(1) * per_branch  # B*h
         causal = None
         if memory is None:

@@ -55,7 +55,7 @@ class IncrementalDecoder:
         model, pos = self.model, self.pos
         x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, t, C]
         for layer, dims, cache in zip(model.decoder, self.dims, self.caches):
-            x = layer(x, self.memory, dims, self.src_pad, cache=cache)
+            x = layer.forward(x, self.memory, dims, self.src_pad, cache=cache)  # no hooks: skip Module.__call__
         self.pos = pos + tokens.size(1)
         return model.output_logits(x[:, -1])  # [n, V]
 

@@ -92,5 +92,6 @@ def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: i
     """
     units, c = xu.size(0), xu.size(-1)
     if units == 1 and n_paths == 1:
-        return ffn(fusion.paths_in(xu, 1, memo), ffn_width, 1, dropout, memo)
+        run = ffn if memo is None else ffn.forward  # incremental decoding skips Module.__call__ (DecoderLayer.forward)
+        return run(fusion.paths_in(xu, 1, memo), ffn_width, 1, dropout, memo)
     return ffn.folded(F.layer_norm(xu, (c,)), *fusion.ln_affine(units, n_paths, c), ffn_width, dropout, memo)

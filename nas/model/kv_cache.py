@@ -36,6 +36,7 @@ class KVCache:
         self.k, self.v = k, v
         self.length = 0 if k is None else k.size(3)  # filled positions
         self.memo: dict = {}
+        self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # k, v as [N, T_max, dh] (preallocated storage)
 
     @property
     def filled(self) -> bool:
@@ -46,6 +47,7 @@ class KVCache:
         """Store fixed keys/values ``[G, n, B*h, s, dh]`` (cross-attention over the encoder memory)."""
         self.k, self.v, self.length = k, v, k.size(3)
         self.memo.pop("kv", None)
+        self._flat = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the newest positions ``k, v [G, n, B*h, t, dh]``; return every position so far ``[G, n, B*h, T, dh]``."""
@@ -58,8 +60,10 @@ class KVCache:
         if self.k is None:
             shape = (*k.shape[:3], max(self.capacity, end), k.size(4))
             self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)  # [G, n, B*h, T_max, dh]
+            self._flat = None
         while end > self.k.size(3):  # grow the buffers (doubling)
             self.k, self.v = (torch.cat([b, torch.zeros_like(b)], 3) for b in (self.k, self.v))
+            self._flat = None
         self.k.narrow(3, start, end - start).copy_(k)
         self.v.narrow(3, start, end - start).copy_(v)
         self.length = end
@@ -79,8 +83,10 @@ class KVCache:
             self.k.select(3, pos).copy_(k)
             self.v.select(3, pos).copy_(v)
             self.length = pos + 1
-        n, t_max, dh = self.k.size(0) * self.k.size(1) * self.k.size(2), self.k.size(3), self.k.size(4)
-        return self.k.view(n, t_max, dh)[:, :pos + 1].transpose(1, 2), self.v.view(n, t_max, dh)[:, :pos + 1]
+        if self._flat is None:  # views of the buffers, rebuilt only when they are replaced
+            self._flat = self.k.flatten(0, 2), self.v.flatten(0, 2)  # [N, T_max, dh]
+        kf, vf = self._flat
+        return kf[:, :pos + 1].transpose(1, 2), vf[:, :pos + 1]
 
     def reorder(self, index: torch.Tensor) -> None:
         """Keep rows ``index [n']`` (beam search's surviving hypotheses, or the sentences left)."""
@@ -92,6 +98,7 @@ class KVCache:
             self.v[:, :, :, :n] = self.v[:, :, :, :n].index_select(1, index)
         else:
             self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
+            self._flat = None
         for key in ("bias", "kv"):  # views of the rows: rebuilt from the kept rows
             self.memo.pop(key, None)
 

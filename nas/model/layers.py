@@ -131,7 +131,8 @@ class _UnifiedLayer(nn.Module):
     def _prime_ffn(self, total: torch.Tensor, xu: torch.Tensor, dims: LayerArch, keep: torch.Tensor | None,
                    p: float, memo: dict | None = None) -> torch.Tensor:
         """``total + dropout(FFN(x_u))``, the FFN dropped per sentence with ``keep [U, b]`` (MAT eq. 7)."""
-        y = drop(self.ffn(xu, dims.ffn_width, dims.units, p, memo), p)
+        ffn = self.ffn if memo is None else self.ffn.forward  # incremental decoding skips Module.__call__
+        y = drop(ffn(xu, dims.ffn_width, dims.units, p, memo), p)
         return total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
 
     def autoshuffle_penalty(self) -> torch.Tensor | None:
@@ -264,17 +265,22 @@ class DecoderLayer(_UnifiedLayer):
                         branch_scale=branch_scale[1], cache=None if cache is None else cache.cross_attn,
                         units=units, dropout=attn_p)
         memo = None if cache is None else cache.memo
+        # Incremental decoding calls the sublayers' forward directly: Module.__call__'s hook checks cost
+        # about 10 us a call, a tenth of a cached step (benchmarks/bench_decode.py); nothing hooks them.
+        self_attn, cross_attn = ((self.self_attn, self.cross_attn) if cache is None
+                                 else (self.self_attn.forward, self.cross_attn.forward))
         if dims.layout == "prime":
             values: list = []
-            total = xu + drop(self.self_attn(xu, values=values, **self_kw), p)
-            total = total + drop(self.cross_attn(xu, **cross_kw), p)
+            total = xu + drop(self_attn(xu, values=values, **self_kw), p)
+            total = total + drop(cross_attn(xu, **cross_kw), p)
             if dims.kernels:
-                total = total + drop(self.conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
+                conv = self.conv if cache is None else self.conv.forward
+                total = total + drop(conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
             total = self._prime_ffn(total, xu, dims, keeps[-1], p, memo)
             return self._combine(self._prime_norm(total, memo), dims, memo)
         paths = self.self_attn_paths
-        xu = paths.fuse(xu, drop(self.self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
+        xu = paths.fuse(xu, drop(self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
         paths = self.cross_attn_paths
-        xu = paths.fuse(xu, drop(self.cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
+        xu = paths.fuse(xu, drop(cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
         ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p, memo), p)
         return self._combine(self.ffn_paths.fuse(xu, ys, keeps[-1]), dims, memo)
