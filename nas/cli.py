@@ -172,7 +172,10 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
     spec = _load(file, check_predictor=False)  # the predictor is used by sweeps only
     from nas.api import train as train_tracked
 
-    result = train_tracked(spec, out_dir)
+    try:
+        result = train_tracked(spec, out_dir)
+    except NasError as e:  # e.g. a full disk (DiskFullError): the previous checkpoint is kept, rerun to resume
+        _fail(str(e))
     out.print_json(json.dumps(result.metrics))
 
 

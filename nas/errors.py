@@ -10,7 +10,7 @@ This module imports nothing from ``nas``: every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["NasError", "NotFoundError", "OutputPathError"]
+__all__ = ["NasError", "NotFoundError", "OutputPathError", "DiskFullError"]
 
 
 class NasError(ValueError):
@@ -30,3 +30,16 @@ class OutputPathError(NasError):
     """An output path the user gave (``--out``) is unsafe to write: a folder where a file is wanted, the current
     folder or one of its ancestors, the home folder, or a folder holding files that an earlier output did not
     write (names the path, a few of its entries, and the fix)."""
+
+
+class DiskFullError(NasError):
+    """A file could not be written because its disk is full, its quota is used up or it hit the file-size
+    limit (``ENOSPC``, ``EDQUOT``, ``EFBIG``). The message names the file, the space left and the fix; the file
+    it was replacing is kept as it was (:func:`nas.io.atomic_path`). ``errno`` holds the system's code.
+
+    Not bad input in the strict sense, but the fix is the user's (free space, or write elsewhere), so the
+    CLI reports it in one line (exit 2) rather than as a bug."""
+
+    def __init__(self, message: str, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno

@@ -16,7 +16,9 @@ Imports the standard library and :mod:`nas.errors` only (which imports nothing).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -24,10 +26,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from nas.errors import OutputPathError
+from nas.errors import DiskFullError, OutputPathError
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "fsync_dir", "check_output_file",
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "disk_full_errno", "fsync_dir", "check_output_file",
            "check_output_dir", "output_dir", "recover_output_dir"]
+
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+"""The system's codes of a write that ran out of room (disk, quota, file-size limit)."""
+_FULL_TEXT = re.compile(r"\bos error (%s)\b" % "|".join(map(str, sorted(_FULL))))
+"""The same codes as Rust writers (safetensors) print them: their exceptions carry no ``errno``."""
 
 _SHOWN_ENTRIES = 5
 """Entries of a refused folder named in the error."""
@@ -71,10 +78,39 @@ def atomic_path(path: str | Path, *, mode: int = 0o644) -> Iterator[Path]:
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        code = disk_full_errno(e)
+        if code is not None:
+            raise DiskFullError(f"cannot write {path}: {os.strerror(code)} ({_free(path.parent)}); "
+                                f"{'the previous ' + path.name + ' is kept' if path.exists() else 'nothing was written'}. "
+                                "Free space there, or write to another folder (the YAML's workdir, or --out)",
+                                code) from e
         raise
     fsync_dir(path.parent)
+
+
+def disk_full_errno(error: BaseException) -> int | None:
+    """The ``ENOSPC``/``EDQUOT``/``EFBIG`` code behind ``error`` (an ``OSError``, or a writer's exception whose
+    message or cause carries it, as safetensors' does), or None when it is another error."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _FULL:
+            return error.errno
+        match = _FULL_TEXT.search(str(error))
+        if match:
+            return int(match.group(1))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _free(folder: Path) -> str:
+    """``"N MiB free"`` on the disk of ``folder`` (or ``"free space unknown"``)."""
+    try:
+        return f"{shutil.disk_usage(folder).free / 2**20:.1f} MiB free"
+    except OSError:
+        return "free space unknown"
 
 
 def check_output_file(path: str | Path) -> Path:

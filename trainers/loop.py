@@ -83,7 +83,8 @@ class TrainResult:
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+        with open(tmp, "wb") as f:  # a file object: a full disk raises OSError(ENOSPC), not a bare RuntimeError
+            torch.save(state, f)
         faults.kill_point("checkpoint_write")  # tests only: a kill with the new file written, not yet renamed
 
 
