@@ -10,7 +10,7 @@ This module imports nothing from ``nas``: every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["NasError", "NotFoundError", "OutputPathError", "DiskFullError"]
+__all__ = ["NasError", "NotFoundError", "OutputPathError", "DiskFullError", "ArchError", "PredictorFileError"]
 
 
 class NasError(ValueError):
@@ -43,3 +43,13 @@ class DiskFullError(NasError):
     def __init__(self, message: str, errno: int | None = None) -> None:
         super().__init__(message)
         self.errno = errno
+
+
+class ArchError(NasError):
+    """A sub-Transformer description the user gave (an ``arch.json``, an arch dict, an ``--arch`` value) is
+    malformed or outside the supernet it is run on (names the stack, the choice, the layer and the limit)."""
+
+
+class PredictorFileError(NasError):
+    """A latency-predictor file (``search.latency_predictor``, ``nas latency ...``) is not one ``nas latency fit``
+    wrote, or was fitted for other features (names the file and how to refit it)."""

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
+from nas.errors import ArchError
+
 __all__ = ["Arch", "StackArch", "LayerArch", "DIMENSIONS", "INT_DIMENSIONS", "LAYOUTS", "UNIT_BIASES", "DEPENDENCIES"]
 
 DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels", "units", "unit_bias", "unit_dependency")
@@ -83,27 +85,27 @@ class StackArch:
         object.__setattr__(self, "unit_dependency", tuple(str(d) for d in self.unit_dependency) or ("independent",) * n)
         lengths = {name: len(getattr(self, name)) for name in DIMENSIONS}
         if len(set(lengths.values())) != 1:
-            raise ValueError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
+            raise ArchError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
         if not self.width:
-            raise ValueError("StackArch needs at least one layer")
+            raise ArchError("StackArch needs at least one layer")
         for name in INT_DIMENSIONS:
             for i, v in enumerate(getattr(self, name)):
                 if v < 1:
-                    raise ValueError(f"{name}[{i}]={v} must be >= 1")
+                    raise ArchError(f"{name}[{i}]={v} must be >= 1")
         for i, (bias, dep) in enumerate(zip(self.unit_bias, self.unit_dependency)):
             if bias not in UNIT_BIASES:
-                raise ValueError(f"unit_bias[{i}]={bias!r}; expected one of {', '.join(UNIT_BIASES)}")
+                raise ArchError(f"unit_bias[{i}]={bias!r}; expected one of {', '.join(UNIT_BIASES)}")
             if dep not in DEPENDENCIES:
-                raise ValueError(f"unit_dependency[{i}]={dep!r}; expected one of {', '.join(DEPENDENCIES)}")
+                raise ArchError(f"unit_dependency[{i}]={dep!r}; expected one of {', '.join(DEPENDENCIES)}")
         for i, (layout, ks) in enumerate(zip(self.layout, self.kernels)):
             if layout not in (*LAYOUTS, SUPPORTS_BOTH):
-                raise ValueError(f"layout[{i}]={layout!r}; expected one of {', '.join(LAYOUTS)}")
+                raise ArchError(f"layout[{i}]={layout!r}; expected one of {', '.join(LAYOUTS)}")
             if any(k < 1 or k % 2 == 0 for k in ks):
-                raise ValueError(f"kernels[{i}]={list(ks)}: kernel sizes must be odd and >= 1")
+                raise ArchError(f"kernels[{i}]={list(ks)}: kernel sizes must be odd and >= 1")
             if ks and layout == "sequential":
-                raise ValueError(f"kernels[{i}]={list(ks)} on a sequential layer; kernels need layout prime")
+                raise ArchError(f"kernels[{i}]={list(ks)} on a sequential layer; kernels need layout prime")
             if layout == "prime" and self.paths[i] > 1:
-                raise ValueError(f"paths[{i}]={self.paths[i]} on a prime layer; a Prime unit has one path")
+                raise ArchError(f"paths[{i}]={self.paths[i]} on a prime layer; a Prime unit has one path")
 
     @property
     def layers(self) -> int:
@@ -155,7 +157,7 @@ class Arch:
         if self.model_width is not None:
             object.__setattr__(self, "model_width", int(self.model_width))
             if self.model_width < 1:
-                raise ValueError(f"model_width={self.model_width} must be >= 1")
+                raise ArchError(f"model_width={self.model_width} must be >= 1")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict; inverse of :meth:`from_dict` (``model_width`` only when set)."""
@@ -166,14 +168,14 @@ class Arch:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Arch":
-        """Build from :meth:`to_dict` output. Raises ValueError naming a missing key."""
+        """Build from :meth:`to_dict` output. Raises ArchError naming a missing key."""
         try:
             return cls(encoder=StackArch(**d["encoder"]), decoder=StackArch(**d["decoder"]),
                        model_width=d.get("model_width"))
         except KeyError as e:
-            raise ValueError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
+            raise ArchError(f"arch dict is missing key {e}; expected 'encoder' and 'decoder'") from e
         except TypeError as e:
-            raise ValueError(f"arch dict has a bad stack: {e}; each stack needs width and ffn_width "
+            raise ArchError(f"arch dict has a bad stack: {e}; each stack needs width and ffn_width "
                              f"(branches and paths are optional)") from e
 
     def to_json(self) -> str:
@@ -194,20 +196,20 @@ class Arch:
         return f"{prefix}enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
 
     def check_within(self, maxima: "Arch") -> None:
-        """Raise ValueError naming the first choice that exceeds ``maxima`` (the supernet's).
+        """Raise ArchError naming the first choice that exceeds ``maxima`` (the supernet's).
 
         Example message: ``arch.encoder.width[2]=512 exceeds the supernet's 256``.
         """
         for stack in ("encoder", "decoder"):
             sub, sup = getattr(self, stack), getattr(maxima, stack)
             if sub.layers > sup.layers:
-                raise ValueError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
+                raise ArchError(f"arch.{stack} has {sub.layers} layers; the supernet has {sup.layers}")
             for name in INT_DIMENSIONS:
                 for i, (v, vmax) in enumerate(zip(getattr(sub, name), getattr(sup, name))):
                     if v > vmax:
-                        raise ValueError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")
+                        raise ArchError(f"arch.{stack}.{name}[{i}]={v} exceeds the supernet's {vmax}")
             for i, (d, m) in enumerate(zip(sub.layer_dims(), sup.layer_dims())):
                 if d.layout not in m.layout.split("+"):
-                    raise ValueError(f"arch.{stack}.layout[{i}]={d.layout!r} but the supernet's layer supports {m.layout!r}")
+                    raise ArchError(f"arch.{stack}.layout[{i}]={d.layout!r} but the supernet's layer supports {m.layout!r}")
                 if not set(d.kernels) <= set(m.kernels):
-                    raise ValueError(f"arch.{stack}.kernels[{i}]={list(d.kernels)} not within the supernet's {list(m.kernels)}")
+                    raise ArchError(f"arch.{stack}.kernels[{i}]={list(d.kernels)} not within the supernet's {list(m.kernels)}")

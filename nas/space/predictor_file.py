@@ -16,6 +16,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from nas.errors import PredictorFileError
+
 __all__ = ["STACK_FEATURES", "FEATURE_NAMES", "PREDICTOR_FORMAT", "read_predictor_meta"]
 
 STACK_FEATURES = (
@@ -57,12 +59,12 @@ def _check_weights_header(path: Path) -> None:
 
     Raises:
         FileNotFoundError: ``path`` is missing.
-        ValueError: the header is truncated or not a JSON object.
+        PredictorFileError: the header is truncated or not a JSON object.
     """
     with path.open("rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ValueError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
+            raise PredictorFileError(f"{path} is not a safetensors file (shorter than its 8-byte header length)")
         (size,) = struct.unpack("<Q", head)
         header = f.read(size) if size <= 100_000_000 else b""
     try:
@@ -70,7 +72,7 @@ def _check_weights_header(path: Path) -> None:
     except (UnicodeDecodeError, json.JSONDecodeError):
         parsed = None
     if not isinstance(parsed, dict):
-        raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object of {size} bytes)")
+        raise PredictorFileError(f"{path} is not a safetensors file (its header is not a JSON object of {size} bytes)")
 
 
 def read_predictor_meta(path: str | Path) -> dict[str, Any]:
@@ -87,24 +89,27 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: the weights or the sidecar is missing.
-        ValueError: the sidecar is not JSON or not a predictor's, it was fitted on other features (refit with
+        PredictorFileError: the sidecar is not JSON or not a predictor's, it was fitted on other features (refit with
             ``nas latency fit``), a key is missing, or the weights file is not safetensors.
     """
     path = Path(path)
     sidecar = path.with_suffix(".json")
-    meta = json.loads(sidecar.read_text(encoding="utf-8"))
+    try:
+        meta = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PredictorFileError(f"{sidecar} is not JSON ({e}); refit with `nas latency fit`") from None
     if not isinstance(meta, dict) or meta.get("format") != PREDICTOR_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
-        raise ValueError(f"{sidecar} has format {found!r}, expected {PREDICTOR_FORMAT!r}")
+        raise PredictorFileError(f"{sidecar} has format {found!r}, expected {PREDICTOR_FORMAT!r}")
     names = meta.get("feature_names")
     if names != list(FEATURE_NAMES):
         missing = [n for n in FEATURE_NAMES if n not in (names or [])]
         extra = [n for n in (names or []) if n not in FEATURE_NAMES]
-        raise ValueError(f"predictor {path} was fitted on features {names}; this version computes "
+        raise PredictorFileError(f"predictor {path} was fitted on features {names}; this version computes "
                          f"{list(FEATURE_NAMES)} (missing: {missing}, unknown: {extra}, or another order); "
                          f"refit with `nas latency fit`")
     absent = [k for k in _REQUIRED if k not in meta]
     if absent:
-        raise ValueError(f"{sidecar} lacks {', '.join(absent)}; refit with `nas latency fit`")
+        raise PredictorFileError(f"{sidecar} lacks {', '.join(absent)}; refit with `nas latency fit`")
     _check_weights_header(path)
     return meta
