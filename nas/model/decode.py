@@ -20,7 +20,7 @@ class IncrementalDecoder:
     step, Prime's causal-convolution window, and every decoder weight cropped once (at the first
     step) and reused. Each :meth:`step` equals the last position of
     ``model.decode(prefix, memory, src_pad, arch)`` (no regularisation). Inference only: use it
-    under ``torch.no_grad()``.
+    under ``torch.inference_mode()`` (as :func:`beam_search` does) or ``torch.no_grad()``.
 
     Args:
         model: a supernet or an extracted model.
@@ -70,7 +70,7 @@ class IncrementalDecoder:
                 self.src_pad = self.src_pad.index_select(0, sentences)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # not only no_grad: no view or version tracking, ~10% faster cached decoding
 def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = None, *, beam_size: int = 4,
                 bos_id: int = 2, eos_id: int = 3, len_penalty: float = 1.0, max_len_a: float = 1.5,
                 max_len_b: int = 10, return_scores: bool = False,
