@@ -16,7 +16,11 @@ is the single source of truth:
 - :meth:`DurableOptunaSearch.suggest` returns ``FINISHED`` once the study holds ``search.trials``
   trials (Ray's ``num_samples`` is left unbounded), and limits concurrency itself (no
   ``ConcurrencyLimiter``, whose pickled live-trial set can go stale across a kill);
-- a trial is told at most once: a completion repeated after a restore is ignored.
+- a trial is told at most once: a completion repeated after a restore is ignored;
+- a storage outage (PostgreSQL restarting) is waited out: every call that Ray makes into the searcher is
+  retried whole for up to ``$NAS_BACKEND_RETRY_S`` seconds (:func:`nas.search.retry.retry_storage`), which is
+  safe because each one reads the study before it writes (a tell already applied is skipped, a trial asked
+  just before the connection dropped is adopted as an orphan).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ray.tune.search import Searcher
 from nas import faults
 from nas.builders import build_sampler
 from nas.redact import redact_url
+from nas.search.retry import retry_storage
 from nas.space import SearchSpec, SpecError
 
 __all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
@@ -55,6 +60,8 @@ ATTR_ERROR = "error"
 """Optuna user attribute of a failed trial: its exception line."""
 
 _OPEN = (TrialState.RUNNING, TrialState.WAITING)
+_retried = retry_storage(lambda searcher: searcher.study_ref.location)
+"""Decorator of the searcher's entry points: retry the whole call while the study's database is unreachable."""
 
 
 _REAL_URLS: dict[str, str] = {}
@@ -201,6 +208,7 @@ class DurableOptunaSearch(Searcher):
 
     # ------------------------------------------------------------------ restore
 
+    @_retried
     def sync(self, ray_trials: Sequence[Any]) -> None:
         """Adopt the Ray trials of a restored experiment (call once, before the first ``suggest``).
 
@@ -226,6 +234,7 @@ class DurableOptunaSearch(Searcher):
 
     # ------------------------------------------------------------------ Searcher API
 
+    @_retried
     def suggest(self, trial_id: str) -> dict | str | None:
         if not self.synced:
             raise RuntimeError("DurableOptunaSearch.suggest before sync(): add OptunaSync(searcher) to the "
@@ -282,6 +291,7 @@ class DurableOptunaSearch(Searcher):
         for trial_id in list(self._errors):
             self.fail(trial_id, "failed; see the Ray trial logs")
 
+    @_retried
     def _tell(self, number: int, result: dict) -> None:
         frozen = self._trials()[number]
         if frozen.state not in _OPEN:
@@ -303,6 +313,7 @@ class DurableOptunaSearch(Searcher):
         self.study.tell(number, [float(v) for v in values])
         faults.kill_point("after_tell")  # tests only: a kill after Optuna's tell, before the MLflow run ends
 
+    @_retried
     def _fail(self, number: int, message: str) -> None:
         frozen = self._trials()[number]
         if frozen.state not in _OPEN:
@@ -311,6 +322,7 @@ class DurableOptunaSearch(Searcher):
         self.study._storage.set_trial_user_attr(frozen._trial_id, ATTR_ERROR, message[:2000])
         self.study.tell(number, state=TrialState.FAIL)
 
+    @_retried
     def fail_open_trials(self, message: str) -> list[int]:
         """Fail every Optuna trial still RUNNING or WAITING (after ``fit``: their Ray trial was lost)."""
         numbers = [t.number for t in self._trials() if t.state in _OPEN]
