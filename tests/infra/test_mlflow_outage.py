@@ -1,0 +1,176 @@
+"""The MLflow server stops for 30 s mid-sweep: the sweep's writes wait it out, and it finishes with every run complete.
+
+A real ``mlflow server`` (SQLite backend store and proxied artifacts in ``tmp_path``) tracks a real ``nas sweep``
+on the session's tiny supernet. Once the first trial's run exists the server's process group is terminated, left
+down for 30 s, then started again on the same port with the same store. Optuna, Ray Tune and MLflow are read
+back and checked with ``benchmarks/bench_resume.py``'s ``audit``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import REPO, nas_env, read_sweep, sweep_with_supernet, tiny_spec_dict
+
+pytestmark = pytest.mark.slow
+
+OUTAGE_S = 30.0
+"""How long the server stays down (s)."""
+TRIALS = 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM the process group led by ``proc`` (started with ``start_new_session``), SIGKILL it after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class RestartableMlflowServer:
+    """``mlflow server`` on a fixed 127.0.0.1 port, SQLite store and artifact folder: ``start``/``stop`` any number
+    of times, each start on the same port and store. ``mlflow server`` runs uvicorn as a child process: the server
+    gets its own session and is stopped as a process group, so no worker outlives a stop."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.port = _free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.store = f"sqlite:///{work / 'mlflow-server.db'}"
+        self.artifacts = work / "artifact-store"
+        self.log_path = work / "mlflow-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 180) -> None:
+        with open(self.log_path, "a") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.store,
+                 "--artifacts-destination", self.artifacts.as_uri(), "--serve-artifacts",
+                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                 "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"],
+                stdout=log, stderr=subprocess.STDOUT, cwd=self.work, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while not self.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"mlflow server did not start on port {self.port}:\n" + self.log_path.read_text()[-3000:])
+            time.sleep(0.5)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop_group(self.proc)
+            self.proc = None
+
+
+@pytest.fixture
+def restartable_mlflow_server(tmp_path) -> Iterator[RestartableMlflowServer]:
+    """A started :class:`RestartableMlflowServer` in ``tmp_path``; stopped afterwards whatever the test left."""
+    server = RestartableMlflowServer(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _audit():
+    spec = importlib.util.spec_from_file_location("bench_resume", REPO / "benchmarks" / "bench_resume.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.audit
+
+
+def _wait_for_first_trial_run(client: MlflowClient, sweep: subprocess.Popen, timeout_s: float = 600) -> None:
+    """Poll the server until the sweep has created a trial run (fails if the sweep exits first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert sweep.poll() is None, f"the sweep exited ({sweep.returncode}) before its first trial run"
+        exp = client.get_experiment_by_name("outage")
+        if exp is not None and client.search_runs([exp.experiment_id], "tags.`nas.role` = 'trial'", max_results=1):
+            return
+        time.sleep(0.5)
+    pytest.fail(f"no trial run within {timeout_s} s")
+
+
+def test_sweep_waits_out_a_30s_mlflow_server_outage_and_finishes_every_run(multi30k, tmp_path, tiny_supernet,
+                                                                             restartable_mlflow_server):
+    server = restartable_mlflow_server
+    raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": TRIALS, "max_concurrent": 1, "beam_size": 2,
+                                                     "latency_sentences": 2, "method": "random"},
+                         tracking={"experiment": "outage"})
+    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
+    env = nas_env(tmp_path, MLFLOW_TRACKING_URI=server.uri)
+    for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT"):
+        env.pop(key, None)  # the sweep runs with MLflow's and nas's own retry settings
+    out_path, err_path = tmp_path / "sweep.out", tmp_path / "sweep.err"
+    t0 = time.monotonic()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        sweep = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], stdout=out, stderr=err,
+                                 env=env, cwd=tmp_path, start_new_session=True)
+    try:
+        _wait_for_first_trial_run(MlflowClient(server.uri), sweep)
+        server.stop()
+        down_ms = time.time() * 1000
+        assert not server.healthy()
+        time.sleep(OUTAGE_S)
+        running_at_restart = sweep.poll() is None
+        server.start()
+        up_ms = time.time() * 1000
+        outage_s = (up_ms - down_ms) / 1000
+        returncode = sweep.wait(timeout=900)
+    finally:
+        _stop_group(sweep, grace_s=10)  # the driver, and any Ray process it left behind
+    wall_s = time.monotonic() - t0
+    log = (f"outage {outage_s:.0f} s, sweep {wall_s:.0f} s\n--- stdout\n{out_path.read_text()[-3000:]}\n"
+           f"--- stderr\n{err_path.read_text()[-8000:]}")
+    print(log)
+    assert running_at_restart, "the sweep ended during the outage: it was not mid-sweep\n" + log
+    assert returncode == 0, log
+
+    records = read_sweep(spec_file, env)
+    counts, problems = _audit()(TRIALS, records.optuna, records.ray, records.runs)
+    assert not problems, f"{problems}\n{counts}\n{log}"
+    assert [t.state.name for t in records.optuna] == ["COMPLETE"] * TRIALS
+    trial_runs = sorted(records.trial_runs(), key=lambda r: int(r.data.tags["nas.optuna_trial"]))
+    assert [r.data.tags["nas.optuna_trial"] for r in trial_runs] == [str(n) for n in range(TRIALS)]
+    for run in trial_runs:
+        assert run.info.status == "FINISHED", run.info
+        assert run.data.metrics["bleu"] >= 0 and run.data.metrics["latency_ms"] > 0, run.data.metrics
+        assert run.data.params and run.data.tags.get("nas.arch_summary"), (run.data.params, run.data.tags)
+    client = MlflowClient(server.uri)
+    during = [m for r in trial_runs for m in client.get_metric_history(r.info.run_id, "bleu")
+              if down_ms <= m.timestamp <= up_ms]
+    assert during, "no metric was written while the server was down: the outage missed the sweep's writes\n" + log
+    assert {r.info.status for r in records.runs} == {"FINISHED"}
+    assert [r.info.status for r in records.roles("sweep")] == ["FINISHED"]
