@@ -33,7 +33,7 @@ from nas import faults, tracking
 from nas.builders import prepare_sweep_data
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
-from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef
+from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, study_trials
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
@@ -397,19 +397,18 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     tuner, restored = make_tuner(trainable, exp_dir, restart_errored=False,
                              tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
                              run_config=run_config(exp_dir, callbacks, se.max_failures))
-    done = Counter(t.state.name for t in study.load().get_trials(deepcopy=False))
+    done = Counter(t.state.name for t in study_trials(study))
     console.print(f"[bold]searching[/bold]: {se.trials} trials, {se.max_concurrent} at a time, "
                   f"{se.method} on {', '.join(m.name for m in se.metrics)}"
                   + (f" (restored: {done['COMPLETE']} complete, {done['FAIL']} failed)" if restored else ""))
     tuner.fit()
-    final = study.load()
-    lost = [t.number for t in final.get_trials(deepcopy=False) if t.state in (optuna.trial.TrialState.RUNNING,
-                                                                             optuna.trial.TrialState.WAITING)]
+    lost = [t.number for t in study_trials(study)
+            if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)]
     if lost:  # a Ray experiment state older than the searcher's "finished" flag: should not happen
         DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se).fail_open_trials(
             "lost: its Ray trial was not in the restored experiment")
         console.print(f"[red]Optuna trials {lost} had no Ray trial after the restore; marked FAIL[/red]")
-    trials = study.load().get_trials(deepcopy=False)
+    trials = study_trials(study)
     completed = sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials)
     errors = [(t.number, str(t.user_attrs.get(ATTR_ERROR, "failed"))) for t in trials
               if t.state == optuna.trial.TrialState.FAIL]

@@ -42,7 +42,7 @@ from nas.redact import redact_url
 from nas.search.retry import retry_storage
 from nas.space import SearchSpec, SpecError
 
-__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
+__all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "study_trials", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
            "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL"]
 
 OPTUNA_TRIAL_KEY = "optuna_trial"
@@ -135,6 +135,15 @@ class StudyRef:
             return optuna.load_study(study_name=self.study_name, storage=storage, sampler=sampler)
         return optuna.create_study(study_name=self.study_name, storage=storage, sampler=sampler,
                                    directions=list(directions), load_if_exists=True)
+
+
+def _study_trials(ref: StudyRef) -> list[optuna.trial.FrozenTrial]:
+    return ref.load().get_trials(deepcopy=False)
+
+
+study_trials = retry_storage(lambda ref: ref.location)(_study_trials)
+"""``study_trials(ref)``: every trial of the study ``ref`` names, by number, read again through a database
+outage (:func:`~nas.search.retry.retry_storage`). Raises KeyError when there is no such study."""
 
 
 class DurableOptunaSearch(Searcher):
