@@ -488,13 +488,33 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
 
 @app.command(name="translate")
 def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by `nas export`."),
-                  beam_size: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the export's).")) -> None:
-    """Translate source sentences from stdin (one per line, UTF-8) to stdout.
+                  beam_size: Optional[int] = typer.Option(None, "--beam", min=1, help="Beam size (default: the export's)."),
+                  input_file: Optional[Path] = typer.Option(None, "--input", "-i",
+                                                            help="Source sentences, one a line, UTF-8 (default: stdin)."),
+                  output_file: Optional[Path] = typer.Option(None, "--output", "-o",
+                                                             help="Translations, one a line in input order (default: stdout); "
+                                                                  "written whole at the end, atomically."),
+                  max_tokens: int = typer.Option(4096, "--max-tokens", min=1,
+                                                 help="Batch the length-sorted sentences up to this many padded source tokens."),
+                  threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                                        help="CPU threads for decoding (default: torch's).")) -> None:
+    """Translate source sentences (one a line, UTF-8) from stdin or --input to stdout or --output.
 
-    Empty input gives empty output; a line that is not UTF-8 is an error (exit 2) naming it; a line longer than
-    the model reads is translated truncated, with a warning naming it.
+    Sentences are sorted by length and batched by --max-tokens, and the output keeps the input order. On a
+    terminal a progress bar runs; a last line on stderr gives sentences/s and target tokens/s. Empty input gives
+    empty output and an empty line an empty line; a line that is not UTF-8 is an error (exit 2) naming it; a line
+    longer than the model reads is translated truncated, with a warning naming it.
     """
-    lines = _stdin_lines()
+    from nas.io import check_output_file
+
+    try:
+        if output_file is not None:
+            check_output_file(output_file)
+        source = "stdin" if input_file is None else str(input_file)
+        raw = sys.stdin.buffer.read() if input_file is None else input_file.read_bytes()
+    except (NasError, OSError) as e:
+        _fail(str(e) if isinstance(e, NasError) else f"cannot read {input_file}: {e.strerror}")
+    lines = _decode_lines(raw, source)
     from nas.export import load_export
 
     try:
@@ -504,21 +524,57 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
     long_lines = [i + 1 for i in model.too_long(lines)]
     if long_lines:
         shown = ", ".join(map(str, long_lines[:10])) + (f" ({len(long_lines)} in all)" if len(long_lines) > 10 else "")
-        err.print(f"[yellow]warning:[/yellow] stdin line{'s' if len(long_lines) > 1 else ''} {shown} "
+        err.print(f"[yellow]warning:[/yellow] {escape(source)} line{'s' if len(long_lines) > 1 else ''} {shown} "
                   f"{'are' if len(long_lines) > 1 else 'is'} longer than the model reads: truncated to "
                   f"{model.max_src_tokens} tokens (SentencePiece pieces) before translating", highlight=False)
-    for hyp in model.translate(lines, beam_size=beam_size):
-        sys.stdout.write(hyp + "\n")
+    hyps, seconds, tokens = _translate_lines(model, lines, beam_size, max_tokens, threads)
+    text = "".join(h + "\n" for h in hyps)
+    if output_file is None:
+        sys.stdout.write(text)
+    else:
+        from nas.io import atomic_write_text
+
+        atomic_write_text(output_file, text)
+    if lines:
+        err.print(f"translated {len(lines)} sentences ({tokens} target tokens) in {seconds:.1f} s: "
+                  f"{len(lines) / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s", highlight=False)
 
 
-def _stdin_lines() -> list[str]:
-    """The lines of stdin, stripped; fails (exit 2) naming the first line that is not UTF-8."""
+def _translate_lines(model, lines: list[str], beam_size: Optional[int], max_tokens: int,
+                     threads: Optional[int]) -> tuple[list[str], float, int]:
+    """``model.translate`` with a progress bar on a terminal; returns (translations, seconds, target tokens)."""
+    import time
+
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    tokens = 0
+    with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("translate", total=len(lines))
+
+        def advance(sentences: int, target_tokens: int) -> None:
+            nonlocal tokens
+            tokens += target_tokens
+            bar.advance(task, sentences)
+
+        start = time.perf_counter()
+        hyps = model.translate(lines, beam_size=beam_size, max_tokens=max_tokens, on_batch=advance)
+        seconds = max(time.perf_counter() - start, 1e-9)
+    return hyps, seconds, tokens
+
+
+def _decode_lines(raw: bytes, source: str) -> list[str]:
+    """The lines of ``raw`` (UTF-8; a BOM is dropped), stripped; fails (exit 2) naming the first line that is not
+    UTF-8 and where it came from (``source``: ``stdin`` or the file)."""
     lines = []
-    for number, raw in enumerate(sys.stdin.buffer.read().splitlines(), start=1):
+    for number, line in enumerate(raw.splitlines(), start=1):
         try:
-            lines.append(raw.decode("utf-8-sig" if number == 1 else "utf-8").strip())
+            lines.append(line.decode("utf-8-sig" if number == 1 else "utf-8").strip())
         except UnicodeDecodeError as e:
-            _fail(f"stdin line {number} is not UTF-8 (byte {e.start + 1} of the line is {raw[e.start:e.start + 1]!r}); "
+            _fail(f"{source} line {number} is not UTF-8 (byte {e.start + 1} of the line is {line[e.start:e.start + 1]!r}); "
                   f"convert the input first, e.g. iconv -f latin1 -t utf-8 FILE | nas translate ...")
     return lines
 

@@ -6,6 +6,7 @@ with sacrebleu's default ``13a`` tokenization.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import sacrebleu
@@ -17,7 +18,7 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["translate", "corpus_scores", "valid_loss", "encode_sources", "Scores"]
+__all__ = ["translate", "corpus_scores", "valid_loss", "encode_sources", "length_batches", "Scores"]
 
 
 @dataclass(frozen=True)
@@ -33,26 +34,52 @@ def encode_sources(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> 
     return [ids[: max_len - 1] + [EOS_ID] for ids in tokenizer.encode(sentences)]
 
 
+def length_batches(lengths: list[int], max_tokens: int | None, batch_size: int) -> list[list[int]]:
+    """Indices of ``lengths`` sorted by length and cut into batches of at most ``batch_size`` items whose padded
+    size (items x longest, tokens) is at most ``max_tokens`` (None: no token bound); an item longer than
+    ``max_tokens`` gets a batch of its own (fairseq's ``--max-tokens`` batching)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        chunk = batches[-1] if batches else None
+        if (chunk is None or len(chunk) >= batch_size
+                or (max_tokens is not None and (len(chunk) + 1) * lengths[i] > max_tokens)):
+            batches.append([i])
+        else:
+            chunk.append(i)
+    return batches
+
+
 @torch.no_grad()
 def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
-              beam_size: int = 4, batch_size: int = 64) -> list[str]:
+              beam_size: int = 4, batch_size: int = 64, max_tokens: int | None = None,
+              on_batch: Callable[[int, int], None] | None = None) -> list[str]:
     """Translate raw sentences with beam search; returns detokenized strings in input order.
 
-    Sentences are decoded in batches of up to ``batch_size``, sorted by length to limit padding.
+    Sentences are sorted by length and decoded in batches of up to ``batch_size`` sentences and, with
+    ``max_tokens``, up to that many padded source tokens (:func:`length_batches`). An empty (or blank)
+    sentence translates to an empty string without being decoded. ``on_batch(sentences, target_tokens)`` is
+    called after each batch (a progress bar, a throughput count; target tokens are SentencePiece pieces,
+    EOS not counted).
     """
     model.eval()
     ids = encode_sources(tokenizer, sentences, model.max_positions // 2)
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     out: list[list[int]] = [[] for _ in ids]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+    todo = [i for i, text in enumerate(sentences) if text.strip()]
+    if on_batch is not None and len(todo) < len(ids):
+        on_batch(len(ids) - len(todo), 0)
+    device = next(model.parameters()).device
+    for batch in length_batches([len(ids[i]) for i in todo], max_tokens, batch_size):
+        chunk = [todo[j] for j in batch]
         width = max(len(ids[i]) for i in chunk)
         src = torch.zeros(len(chunk), width, dtype=torch.long)  # [b, s], PAD = 0
         for row, i in enumerate(chunk):
             src[row, : len(ids[i])] = torch.tensor(ids[i])
-        src = src.to(next(model.parameters()).device)
-        for i, hyp in zip(chunk, beam_search(model, src, arch, beam_size=beam_size)):
+        hyps = beam_search(model, src.to(device), arch, beam_size=beam_size)
+        for i, hyp in zip(chunk, hyps):
             out[i] = hyp
+        if on_batch is not None:
+            on_batch(len(chunk), sum(map(len, hyps)))
     return tokenizer.decode(out)
 
 

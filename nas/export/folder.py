@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,9 +46,12 @@ class Exported:
         """Indices of the sentences longer than :attr:`max_src_tokens` pieces, which :meth:`translate` truncates."""
         return [i for i, ids in enumerate(self.tokenizer.encode(sentences)) if len(ids) > self.max_src_tokens]
 
-    def translate(self, sentences: list[str], beam_size: int | None = None) -> list[str]:
-        """Detokenized translations of raw source sentences (each cut to :attr:`max_src_tokens` pieces)."""
-        return translate(self.model, self.tokenizer, sentences, beam_size=beam_size or self.beam_size)
+    def translate(self, sentences: list[str], beam_size: int | None = None, *, max_tokens: int | None = None,
+                  batch_size: int = 64, on_batch: Callable[[int, int], None] | None = None) -> list[str]:
+        """Detokenized translations of raw source sentences (each cut to :attr:`max_src_tokens` pieces), in input
+        order; batching and ``on_batch`` as in :func:`nas.eval.scores.translate` (an empty line gives "")."""
+        return translate(self.model, self.tokenizer, sentences, beam_size=beam_size or self.beam_size,
+                         max_tokens=max_tokens, batch_size=batch_size, on_batch=on_batch)
 
 
 def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out: str | Path, *,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.data import Tokenizer, read_lines
+from nas.eval.scores import length_batches
 from nas.export import export_arch, load_export
 from nas.model import SuperTransformer
 from nas.model.io import save_model
@@ -57,7 +60,64 @@ def test_a_line_longer_than_the_model_reads_is_translated_with_a_warning_naming_
     result = translate(exported, f"a dog runs\n{long_line}\ntwo women\n".encode())
     assert result.exit_code == 0, (result.output, result.exception)
     assert result.stdout.splitlines() == model.translate(["a dog runs", long_line, "two women"])
-    warnings = result.stderr.strip().splitlines()
-    assert len(warnings) == 1 and warnings[0].startswith("warning: "), result.stderr
+    lines = result.stderr.strip().splitlines()
+    warnings = [line for line in lines if line.startswith("warning: ")]
+    assert len(warnings) == 1 and len(lines) == 2 and lines[-1].startswith("translated 3 sentences"), result.stderr
     assert "stdin line 2 is longer than the model reads" in warnings[0], warnings[0]
     assert f"truncated to {limit} tokens" in warnings[0] and model.max_src_tokens == limit, warnings[0]
+
+
+THROUGHPUT = re.compile(r"^translated (\d+) sentences \((\d+) target tokens\) in [\d.]+ s: [\d.]+ sentences/s, \d+ tokens/s$")
+
+
+def test_files_in_and_out_keep_the_input_order_and_an_empty_line_stays_empty(exported, tmp_path):
+    model = load_export(exported)
+    source = ["two women are talking", "", "a dog runs through the grass near a lake", "a man"]
+    (tmp_path / "in.en").write_text("\n".join(source) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "in.en"),
+                                      "--output", str(tmp_path / "out.de"), "--max-tokens", "8", "--threads", "1"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert result.stdout == ""
+    got = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
+    assert got[-1] == "" and len(got) == len(source) + 1
+    assert got[1] == ""  # the empty line
+    for i in (0, 2, 3):  # each sentence translated on its own: the batching changes nothing
+        assert got[i] == model.translate([source[i]])[0]
+    last = result.stderr.strip().splitlines()[-1]
+    match = THROUGHPUT.match(last)
+    assert match and match.group(1) == "4", last
+    pieces = sum(len(ids) for ids in model.tokenizer.encode([got[i] for i in (0, 2, 3)]))
+    assert int(match.group(2)) >= 1 and abs(int(match.group(2)) - pieces) <= 3 * 3, (last, pieces)
+
+
+def test_an_output_path_that_is_a_folder_is_refused_before_translating(exported, tmp_path):
+    (tmp_path / "in.en").write_text("a dog\n", encoding="utf-8")
+    result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "in.en"),
+                                      "--output", str(tmp_path)])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert len(result.stderr.strip().splitlines()) == 1 and str(tmp_path) in result.stderr
+
+
+def test_a_missing_input_file_is_named(exported, tmp_path):
+    result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "nope.en")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    assert "nope.en" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_file_line_that_is_not_utf8_names_the_file(exported, tmp_path):
+    (tmp_path / "in.en").write_bytes("ok\ncaf\u00e9\n".encode("latin-1"))
+    result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "in.en")])
+    assert result.exit_code == 2 and f"{tmp_path / 'in.en'} line 2 is not UTF-8" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("max_tokens", [None, 1, 7, 20, 1000])
+def test_length_batches_cover_each_sentence_once_within_the_token_bound(max_tokens):
+    lengths = [5, 1, 9, 3, 3, 12, 7, 2, 8, 4]
+    batches = length_batches(lengths, max_tokens, batch_size=3)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    flat = [lengths[i] for b in batches for i in b]
+    assert flat == sorted(lengths)  # shortest first, in one pass
+    for b in batches:
+        assert len(b) <= 3
+        if len(b) > 1 and max_tokens is not None:
+            assert len(b) * max(lengths[i] for i in b) <= max_tokens
