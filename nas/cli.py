@@ -365,6 +365,10 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                                                         "search.constraints (default: the best feasible trial)."),
            onnx: bool = typer.Option(False, "--onnx", help="Also write encoder.onnx, decoder_step.onnx and translate_onnx.py, "
                                                           "verified with onnxruntime."),
+           quantize: Optional[str] = typer.Option(None, "--quantize", metavar="int8",
+                                                  help="With the ONNX graphs (implies --onnx): also write int8 ones "
+                                                       "(onnxruntime dynamic quantization of the matrix weights), which "
+                                                       "translate_onnx.py then uses."),
            register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
                                                   help="Also log the export as an MLflow pyfunc model, register it as NAME "
                                                        "and point the alias 'champion' at it.")) -> None:
@@ -377,6 +381,9 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _fail("--register needs a model name, e.g. --register quickstart-en-de")
     if best == bool(run_id):
         _fail("pass exactly one of --best or --run-id ID")
+    if quantize is not None and quantize != "int8":
+        _fail(f"--quantize {quantize}: the one quantization is int8 (--quantize int8)")
+    onnx = onnx or quantize is not None
     from nas.export import PROVENANCE, export_arch
     from nas.io import check_output_dir
 
@@ -432,6 +439,13 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
             _fail(f"ONNX export of {path} differs from PyTorch by {diff:.2e} in the logits (limit 1e-4)", code=1)
         out.print(f"ONNX: encoder.onnx + decoder_step.onnx, max |logit diff| vs PyTorch {diff:.1e}; "
                   f"translate with `python {path}/translate_onnx.py < input.txt` (onnxruntime only)")
+        if quantize is not None:
+            from nas.export.onnx import quantize_onnx
+
+            report = quantize_onnx(path)
+            done = ", ".join(f"{g}.int8.onnx ({r['quantized']} weight products int8, {r['int8_bytes'] / 2**20:.1f} "
+                             f"vs {r['fp32_bytes'] / 2**20:.1f} MiB)" for g, r in report.items())
+            out.print(f"int8: {done}; translate_onnx.py now uses them (the fp32 graphs stay beside them)")
     if register is not None:
         _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
 

@@ -13,7 +13,10 @@ An ONNX folder is a complete ``nas export`` folder (``model.safetensors``, ``mod
   axis by one per step, so no separate step input can disagree with the cache;
 - ``onnx.json``: the manifest (inputs, outputs, cache layout, decoding constants);
 - ``translate_onnx.py``: greedy/beam translation with onnxruntime, numpy and sentencepiece only (a copy of
-  :mod:`nas.export.translate_onnx`, a standalone script that imports nothing of ``nas``).
+  :mod:`nas.export.translate_onnx`, a standalone script that imports nothing of ``nas``);
+- after :func:`quantize_onnx` (``nas export --quantize int8``): ``encoder.int8.onnx`` and
+  ``decoder_step.int8.onnx``, whose matrix weights are int8, and which ``onnx.json`` then names (the fp32
+  graphs stay beside them, named ``fp32_file``).
 
 Batch, source length and past length are dynamic axes. The graphs come from
 ``torch.onnx.export(dynamo=True)`` (torch.export); the TorchScript exporter cannot take the
@@ -40,13 +43,13 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, Tokenizer
 from nas.export.folder import PROVENANCE
-from nas.io import atomic_write_text, output_dir
+from nas.io import atomic_path, atomic_write_text, output_dir
 from nas.model.decode import beam_search
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
 
-__all__ = ["export_onnx", "verify_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"]
+__all__ = ["export_onnx", "verify_onnx", "quantize_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"]
 
 MANIFEST = "onnx.json"
 MIN_OPSET = 18
@@ -446,4 +449,125 @@ def verify_onnx(out_dir: str | Path, sentences: list[str], *, steps: int = 8, th
         state = {e["input"]: t for e, t in zip(state_entries, got[1:])}
         tokens = logits.argmax(-1, keepdim=True)
     return diff
+
+
+def quantize_onnx(out_dir: str | Path, *, per_channel: bool = False) -> dict[str, dict[str, int]]:
+    """Quantize the matrix weights of an ONNX folder's two graphs to int8 (onnxruntime dynamic quantization).
+
+    Each graph is first optimised by onnxruntime's basic level (constant folding), so the weights that the
+    exporter reaches through ``Transpose``/``Reshape``/``Slice`` of the stacked parameters become plain
+    initializers that ``quantize_dynamic`` can see; the graph's stored intermediate shapes are dropped, since
+    the tied embedding's conflicts with the quantizer's shape inference. Then
+    ``onnxruntime.quantization.quantize_dynamic`` (``QInt8`` weights, activations quantized per call)
+    replaces each ``MatMul`` with a constant weight by ``MatMulInteger``; attention's two activation
+    products stay fp32. ``onnx.json`` then points at the int8 graphs (so ``translate_onnx.py`` uses them)
+    and keeps the fp32 ones as ``fp32_file``. Running it again re-quantizes from the fp32 graphs.
+
+    torch's ``quantize_dynamic`` would change nothing here: it replaces ``nn.Linear`` modules, and the
+    supernet stores stacked weight parameters.
+
+    Args:
+        out_dir: a folder written by :func:`export_onnx`.
+        per_channel: one scale per output channel instead of one per matrix.
+    Returns:
+        Per graph: ``{"matmuls": all MatMul nodes, "quantized": weight products made int8, "fp32_bytes",
+        "int8_bytes"}``.
+    Raises:
+        FileNotFoundError: ``out_dir`` has no ``onnx.json`` (write it with :func:`export_onnx`).
+    """
+    import onnx
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    folder = Path(out_dir)
+    if not (folder / MANIFEST).is_file():
+        raise FileNotFoundError(f"{folder / MANIFEST} not found; write the ONNX folder first (nas export --onnx)")
+    meta = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    report: dict[str, dict[str, int]] = {}
+    for name in ("encoder", "decoder_step"):
+        fp32 = meta[name].get("fp32_file", meta[name]["file"])
+        int8 = f"{name}.int8.onnx"
+        with atomic_path(folder / f".{name}.folded.onnx") as folded, atomic_path(folder / int8) as tmp:
+            options = ort.SessionOptions()
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            options.optimized_model_filepath = str(folded)
+            ort.InferenceSession(str(folder / fp32), options, providers=["CPUExecutionProvider"])
+            graph = onnx.load(str(folded))
+            del graph.graph.value_info[:]
+            _gemm_as_matmul(graph.graph)
+            _unshare_product_weights(graph.graph)
+            onnx.save(graph, str(folded))
+            root = logging.getLogger()
+            level = root.level
+            root.setLevel(logging.ERROR)  # the quantizer logs "consider pre-processing" on the root logger
+            try:
+                quantize_dynamic(str(folded), str(tmp), weight_type=QuantType.QInt8, per_channel=per_channel,
+                                 op_types_to_quantize=["MatMul"])  # not Gather: it breaks the tied embedding
+            finally:
+                root.setLevel(level)
+            ops = [n.op_type for n in onnx.load(str(tmp)).graph.node]
+        (folder / f".{name}.folded.onnx").unlink(missing_ok=True)
+        report[name] = {"matmuls": ops.count("MatMul") + ops.count("MatMulInteger"),
+                        "quantized": ops.count("MatMulInteger"),
+                        "fp32_bytes": (folder / fp32).stat().st_size, "int8_bytes": (folder / int8).stat().st_size}
+        meta[name] = {**meta[name], "file": int8, "fp32_file": fp32}
+    meta["quantized"] = {"weights": "int8", "method": "onnxruntime quantize_dynamic (QInt8)",
+                         "per_channel": per_channel, "graphs": report}
+    atomic_write_text(folder / MANIFEST, json.dumps(meta, indent=2))
+    return report
+
+
+def _unshare_product_weights(graph: Any) -> None:
+    """Give each ``MatMul``/``Gemm`` its own copy of a weight initializer that other nodes read too.
+
+    The tied embedding is one initializer read by the lookup (``Gather``) and by the output product
+    (``Gemm`` with ``transB``); onnxruntime's quantizer rewrites a ``Gemm`` weight in place, which then
+    breaks the lookup. The copy costs the fp32 embedding once more on disk, not at run time."""
+    import onnx
+
+    inits = {i.name: i for i in graph.initializer}
+    uses: dict[str, list] = {}
+    for node in graph.node:
+        for k, name in enumerate(node.input):
+            if name in inits:
+                uses.setdefault(name, []).append((node, k))
+    for name, readers in uses.items():
+        if len(readers) < 2:
+            continue
+        for node, k in readers:
+            if node.op_type in ("MatMul", "Gemm"):
+                copy = onnx.TensorProto()
+                copy.CopyFrom(inits[name])
+                copy.name = f"{name}.for.{node.name}"
+                graph.initializer.append(copy)
+                node.input[k] = copy.name
+
+
+def _gemm_as_matmul(graph: Any) -> None:
+    """Rewrite each ``Gemm(A, B[, C])`` with a constant ``B`` (``alpha = beta = 1``, ``transA = 0``) as
+    ``MatMul(A, B')`` (+ ``Add(C)``), ``B'`` a new initializer holding ``B`` or its transpose.
+
+    onnxruntime's dynamic quantization makes ``MatMul`` int8 but has no integer ``Gemm``; the decoder's
+    output product (the tied embedding, ``transB = 1``), the largest product of a step, is a ``Gemm``."""
+    from onnx import helper, numpy_helper
+
+    inits = {i.name: i for i in graph.initializer}
+    nodes = list(graph.node)
+    del graph.node[:]
+    for node in nodes:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if (node.op_type != "Gemm" or node.input[1] not in inits or attrs.get("transA", 0)
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0):
+            graph.node.append(node)
+            continue
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        weight = weight.T.copy() if attrs.get("transB", 0) else weight
+        name = f"{node.input[1]}.matmul.{node.name}"
+        graph.initializer.append(numpy_helper.from_array(weight, name))
+        has_bias = len(node.input) > 2 and node.input[2]
+        product = f"{node.output[0]}.matmul" if has_bias else node.output[0]
+        graph.node.append(helper.make_node("MatMul", [node.input[0], name], [product], name=f"{node.name}.matmul"))
+        if has_bias:
+            graph.node.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]],
+                                               name=f"{node.name}.bias"))
 

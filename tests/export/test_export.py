@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -290,3 +292,27 @@ def test_export_of_a_failed_trial_run_names_it_and_asks_for_a_finished_one(const
     assert f"run {failed} is a FAILED trial of sweep C" in line, line
     assert "pass the run id of a FINISHED trial (nas leaderboard --sweep C) or --best" in line, line
     assert not (tmp_path / "x").exists()
+
+
+def test_export_quantize_int8_writes_int8_graphs_that_translate_onnx_uses(constrained_trials, multi30k, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+
+    ids, _, _ = constrained_trials
+    source = read_lines(multi30k / "val.en.gz", limit=6)
+    pq.write_table(pa.table({"src_text": source}), tmp_path / "data" / "valid.parquet")  # what --onnx verifies on
+    runner = CliRunner()
+    bad = runner.invoke(app, ["export", "--run-id", ids["narrow"], "--out", str(tmp_path / "q"), "--quantize", "fp16"])
+    assert bad.exit_code == 2 and "--quantize int8" in bad.stderr and not (tmp_path / "q").exists()
+    result = runner.invoke(app, ["export", "--run-id", ids["narrow"], "--out", str(tmp_path / "q"), "--quantize", "int8"])
+    assert result.exit_code == 0, result.output
+    assert "int8: encoder.int8.onnx" in " ".join(result.stdout.split())
+    meta = json.loads((tmp_path / "q" / "onnx.json").read_text())
+    assert meta["decoder_step"]["file"] == "decoder_step.int8.onnx" and meta["quantized"]["weights"] == "int8"
+    assert meta["quantized"]["graphs"]["decoder_step"]["quantized"] >= 4
+    run = subprocess.run([sys.executable, "translate_onnx.py", "--beam", "2", "--threads", "1"], cwd=tmp_path / "q",
+                         input="\n".join(source) + "\n", capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and len(run.stdout.split("\n")[:-1]) == len(source), run.stderr[-2000:]
