@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -171,6 +172,9 @@ def test_sweep_waits_out_a_30s_mlflow_server_outage_and_finishes_every_run(multi
     client = MlflowClient(server.uri)
     during = [m for r in trial_runs for m in client.get_metric_history(r.info.run_id, "bleu")
               if down_ms <= m.timestamp <= up_ms]
-    assert during, "no metric was written while the server was down: the outage missed the sweep's writes\n" + log
+    blocked = [float(s) for s in re.findall(r"callbacks\.on_trial_result` operation took ([\d.]+) s", err_path.read_text())]
+    # The outage met the sweep's writes: a metric stamped inside it, or the driver's MLflow callback held up by it
+    assert during or max(blocked, default=0) >= OUTAGE_S / 2, \
+        "the outage missed the sweep's writes (no metric in it, no blocked MLflow callback)\n" + log
     assert {r.info.status for r in records.runs} == {"FINISHED"}
     assert [r.info.status for r in records.roles("sweep")] == ["FINISHED"]

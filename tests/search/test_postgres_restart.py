@@ -37,6 +37,9 @@ MAX_OUTAGE_S = 60.0
 """... and longer, up to this, until the sweep has met the outage (it printed the wait, or it exited)."""
 WAITING = "waiting for the Optuna storage"
 
+SERVICE = shutil.which("service", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+"""The ``service`` command (in /usr/sbin, which a root shell has on PATH and a clean ``env -i`` does not)."""
+
 
 def _admin() -> psycopg.Connection:
     return psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
@@ -46,7 +49,7 @@ def _admin() -> psycopg.Connection:
 def restartable_postgres_url() -> Iterator[str]:
     """A fresh PostgreSQL database (``postgresql+psycopg://...``), dropped afterwards over a new connection
     (conftest's ``postgres_url`` keeps its admin connection open across the test, which a restart breaks)."""
-    if os.geteuid() != 0 or shutil.which("service") is None:
+    if os.geteuid() != 0 or SERVICE is None:
         pytest.skip("stopping the database server needs root and the `service` command")
     try:
         with _admin() as admin:
@@ -72,7 +75,9 @@ def _completed_trials(url: str) -> int:
 
 
 def _service(action: str) -> None:
-    subprocess.run(["service", "postgresql", action], check=True, capture_output=True, timeout=120)
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])  # the init scripts call sbin tools
+    subprocess.run([SERVICE, "postgresql", action], check=True, capture_output=True, timeout=120,
+                   env={**os.environ, "PATH": path})
 
 
 def _wait_for_server(timeout_s: float = 60) -> None:
