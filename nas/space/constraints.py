@@ -22,6 +22,8 @@ import re
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 
+from nas.errors import NasError
+
 __all__ = ["METRIC_NAMES", "CONSTRAINT_OPS", "WHERE_OPS", "Constraint", "parse_constraint", "split_comparison",
            "parse_bound", "violated"]
 
@@ -50,14 +52,14 @@ def split_comparison(expr: object, ops: Sequence[str], *, example: str = "latenc
         aliases: more accepted operator spellings, not shown (``=`` for ``==``).
 
     Raises:
-        ValueError: ``expr`` is not a string of the form ``METRIC OP NUMBER`` with OP in ``ops`` or ``aliases``;
+        NasError: ``expr`` is not a string of the form ``METRIC OP NUMBER`` with OP in ``ops`` or ``aliases``;
             the message quotes ``expr`` and lists ``ops``.
     """
     alternatives = sorted({*ops, *aliases}, key=len, reverse=True)  # "<=" before "<"
     pattern = rf"^\s*({_NAME})\s*({'|'.join(map(re.escape, alternatives))})\s*({_NUMBER})\s*$"
     m = re.match(pattern, expr) if isinstance(expr, str) else None
     if m is None:
-        raise ValueError(f"bad constraint {expr!r}: expected METRIC OP NUMBER with OP one of {', '.join(ops)} "
+        raise NasError(f"bad constraint {expr!r}: expected METRIC OP NUMBER with OP one of {', '.join(ops)} "
                          f"(e.g. {example!r})")
     name, op, text = m.groups()
     return name, op, text
@@ -67,14 +69,14 @@ def parse_bound(expr: str, text: str) -> float:
     """The number ``text`` of the comparison ``expr`` as a finite float.
 
     Raises:
-        ValueError: ``text`` is not a number, or is infinite (``1e999``); the message quotes both.
+        NasError: ``text`` is not a number, or is infinite (``1e999``); the message quotes both.
     """
     try:
         bound = float(text)
     except ValueError:
         bound = float("nan")
     if not math.isfinite(bound):
-        raise ValueError(f"bad constraint {expr!r}: {text!r} is not a finite number")
+        raise NasError(f"bad constraint {expr!r}: {text!r} is not a finite number")
     return bound
 
 
@@ -104,13 +106,13 @@ def parse_constraint(expr: str) -> Constraint:
     """Parse ``"latency_ms <= 40"`` into a :class:`Constraint`.
 
     Raises:
-        ValueError: not ``METRIC OP NUMBER`` (:func:`split_comparison` with :data:`CONSTRAINT_OPS`), an
+        NasError: not ``METRIC OP NUMBER`` (:func:`split_comparison` with :data:`CONSTRAINT_OPS`), an
             unknown metric (with the closest name), or a bound that is not a finite number.
     """
     metric, op, text = split_comparison(expr, CONSTRAINT_OPS)
     if metric not in METRIC_NAMES:
         hint = difflib.get_close_matches(metric, METRIC_NAMES, n=1)
-        raise ValueError(f"bad constraint {expr!r}: unknown metric {metric!r}"
+        raise NasError(f"bad constraint {expr!r}: unknown metric {metric!r}"
                          + (f" (did you mean {hint[0]!r}?)" if hint else "")
                          + f"; a trial reports {', '.join(METRIC_NAMES)}")
     return Constraint(metric, op, parse_bound(expr, text))

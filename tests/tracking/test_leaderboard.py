@@ -191,6 +191,9 @@ def test_cli_leaderboard_marks_the_front_filters_and_writes_the_plot(populated, 
 
     result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--where", "latency<=3"])
     assert result.exit_code == 2 and "bad constraint 'latency<=3': unknown metric 'latency'" in result.stderr
+    for bad in ("bleu >> 3", "bleu>=1e999"):  # not METRIC OP NUMBER; not finite: bad input too, not a traceback
+        result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--where", bad])
+        assert result.exit_code == 2 and f"bad constraint {bad!r}" in result.stderr, (result.output, result.exception)
     result = runner.invoke(app, ["leaderboard", "--experiment", EXP, "--plot", str(tmp_path / "x.png"),
                                  "--objectives", "bleu:max"])
     assert result.exit_code == 2 and "--plot needs exactly two objectives" in result.stderr
