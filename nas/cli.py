@@ -562,21 +562,25 @@ def _translate_lines(model, lines: list[str], beam_size: Optional[int], max_toke
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    tokens = 0
+    before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    tokens = 0
-    with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err, transient=True, disable=not err.is_terminal) as bar:
-        task = bar.add_task("translate", total=len(lines))
+    try:
+        with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=err, transient=True, disable=not err.is_terminal) as bar:
+            task = bar.add_task("translate", total=len(lines))
 
-        def advance(sentences: int, target_tokens: int) -> None:
-            nonlocal tokens
-            tokens += target_tokens
-            bar.advance(task, sentences)
+            def advance(sentences: int, target_tokens: int) -> None:
+                nonlocal tokens
+                tokens += target_tokens
+                bar.advance(task, sentences)
 
-        start = time.perf_counter()
-        hyps = model.translate(lines, beam_size=beam_size, max_tokens=max_tokens, on_batch=advance)
-        seconds = max(time.perf_counter() - start, 1e-9)
+            start = time.perf_counter()
+            hyps = model.translate(lines, beam_size=beam_size, max_tokens=max_tokens, on_batch=advance)
+            seconds = max(time.perf_counter() - start, 1e-9)
+    finally:  # --threads is this command's: a caller in the same process (the API, a test) keeps its own
+        torch.set_num_threads(before)
     return hyps, seconds, tokens
 
 

@@ -74,9 +74,12 @@ def test_files_in_and_out_keep_the_input_order_and_an_empty_line_stays_empty(exp
     model = load_export(exported)
     source = ["two women are talking", "", "a dog runs through the grass near a lake", "a man"]
     (tmp_path / "in.en").write_text("\n".join(source) + "\n", encoding="utf-8")
+    threads = torch.get_num_threads()
     result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "in.en"),
-                                      "--output", str(tmp_path / "out.de"), "--max-tokens", "8", "--threads", "1"])
+                                      "--output", str(tmp_path / "out.de"), "--max-tokens", "8",
+                                      "--threads", str(threads + 1)])
     assert result.exit_code == 0, (result.output, result.exception)
+    assert torch.get_num_threads() == threads  # --threads does not leak into the calling process
     assert result.stdout == ""
     got = (tmp_path / "out.de").read_text(encoding="utf-8").split("\n")
     assert got[-1] == "" and len(got) == len(source) + 1
