@@ -10,7 +10,9 @@ This module imports nothing from ``nas``: every layer may raise these.
 
 from __future__ import annotations
 
-__all__ = ["NasError", "NotFoundError", "OutputPathError", "DiskFullError", "ArchError", "PredictorFileError"]
+from collections.abc import Iterator
+
+__all__ = ["error_chain", "NasError", "NotFoundError", "OutputPathError", "DiskFullError", "ArchError", "PredictorFileError"]
 
 
 class NasError(ValueError):
@@ -53,3 +55,14 @@ class ArchError(NasError):
 class PredictorFileError(NasError):
     """A latency-predictor file (``search.latency_predictor``, ``nas latency ...``) is not one ``nas latency fit``
     wrote, or was fitted for other features (names the file and how to refit it)."""
+
+
+def error_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then what caused it (``__cause__``, else ``__context__``), and so on, each once: where a
+    library wraps the error that matters (Optuna's ``StorageInternalError``, a writer's ``RuntimeError``)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+

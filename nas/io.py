@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from nas.errors import DiskFullError, OutputPathError
+from nas.errors import DiskFullError, OutputPathError, error_chain
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_path", "disk_full_errno", "fsync_dir", "check_output_file",
            "check_output_dir", "output_dir", "recover_output_dir"]
@@ -93,15 +93,12 @@ def atomic_path(path: str | Path, *, mode: int = 0o644) -> Iterator[Path]:
 def disk_full_errno(error: BaseException) -> int | None:
     """The ``ENOSPC``/``EDQUOT``/``EFBIG`` code behind ``error`` (an ``OSError``, or a writer's exception whose
     message or cause carries it, as safetensors' does), or None when it is another error."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _FULL:
-            return error.errno
-        match = _FULL_TEXT.search(str(error))
+    for link in error_chain(error):
+        if isinstance(link, OSError) and link.errno in _FULL:
+            return link.errno
+        match = _FULL_TEXT.search(str(link))
         if match:
             return int(match.group(1))
-        error = error.__cause__ or error.__context__
     return None
 
 

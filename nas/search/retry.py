@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import sqlalchemy.exc
 
-from nas.errors import NasError
+from nas.errors import NasError, error_chain
 from nas.redact import redact_url
 
 __all__ = ["RETRY_ENV", "DEFAULT_RETRY_S", "retry_storage", "transient_error"]
@@ -41,13 +41,10 @@ def transient_error(error: BaseException) -> BaseException | None:
     ``sqlalchemy.exc.InterfaceError``, and any ``DBAPIError`` with ``connection_invalidated``. Optuna's
     ``RDBStorage`` wraps them in ``StorageInternalError``, hence the chain.
     """
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)) or (
-                isinstance(error, sqlalchemy.exc.DBAPIError) and error.connection_invalidated):
-            return error
-        error = error.__cause__ or error.__context__
+    for link in error_chain(error):
+        if isinstance(link, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)) or (
+                isinstance(link, sqlalchemy.exc.DBAPIError) and link.connection_invalidated):
+            return link
     return None
 
 
