@@ -495,7 +495,6 @@ def quantize_onnx(out_dir: str | Path, *, per_channel: bool = False) -> dict[str
             graph = onnx.load(str(folded))
             del graph.graph.value_info[:]
             _gemm_as_matmul(graph.graph)
-            _unshare_product_weights(graph.graph)
             onnx.save(graph, str(folded))
             root = logging.getLogger()
             level = root.level
@@ -517,38 +516,14 @@ def quantize_onnx(out_dir: str | Path, *, per_channel: bool = False) -> dict[str
     return report
 
 
-def _unshare_product_weights(graph: Any) -> None:
-    """Give each ``MatMul``/``Gemm`` its own copy of a weight initializer that other nodes read too.
-
-    The tied embedding is one initializer read by the lookup (``Gather``) and by the output product
-    (``Gemm`` with ``transB``); onnxruntime's quantizer rewrites a ``Gemm`` weight in place, which then
-    breaks the lookup. The copy costs the fp32 embedding once more on disk, not at run time."""
-    import onnx
-
-    inits = {i.name: i for i in graph.initializer}
-    uses: dict[str, list] = {}
-    for node in graph.node:
-        for k, name in enumerate(node.input):
-            if name in inits:
-                uses.setdefault(name, []).append((node, k))
-    for name, readers in uses.items():
-        if len(readers) < 2:
-            continue
-        for node, k in readers:
-            if node.op_type in ("MatMul", "Gemm"):
-                copy = onnx.TensorProto()
-                copy.CopyFrom(inits[name])
-                copy.name = f"{name}.for.{node.name}"
-                graph.initializer.append(copy)
-                node.input[k] = copy.name
-
-
 def _gemm_as_matmul(graph: Any) -> None:
     """Rewrite each ``Gemm(A, B[, C])`` with a constant ``B`` (``alpha = beta = 1``, ``transA = 0``) as
     ``MatMul(A, B')`` (+ ``Add(C)``), ``B'`` a new initializer holding ``B`` or its transpose.
 
     onnxruntime's dynamic quantization makes ``MatMul`` int8 but has no integer ``Gemm``; the decoder's
-    output product (the tied embedding, ``transB = 1``), the largest product of a step, is a ``Gemm``."""
+    output product (the tied embedding, ``transB = 1``), the largest product of a step, is a ``Gemm``. Its own
+    copy also keeps the embedding lookup (``Gather``) on the fp32 original: quantizing a weight the lookup
+    shares rewrote it in place and broke the lookup."""
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in graph.initializer}
@@ -570,4 +545,3 @@ def _gemm_as_matmul(graph: Any) -> None:
         if has_bias:
             graph.node.append(helper.make_node("Add", [product, node.input[2]], [node.output[0]],
                                                name=f"{node.name}.bias"))
-
