@@ -137,13 +137,11 @@ class StudyRef:
                                    directions=list(directions), load_if_exists=True)
 
 
-def _study_trials(ref: StudyRef) -> list[optuna.trial.FrozenTrial]:
+@retry_storage(lambda ref: ref.location)
+def study_trials(ref: StudyRef) -> list[optuna.trial.FrozenTrial]:
+    """Every trial of the study ``ref`` names, by number, read again through a database outage
+    (:func:`~nas.search.retry.retry_storage`). Raises KeyError when there is no such study."""
     return ref.load().get_trials(deepcopy=False)
-
-
-study_trials = retry_storage(lambda ref: ref.location)(_study_trials)
-"""``study_trials(ref)``: every trial of the study ``ref`` names, by number, read again through a database
-outage (:func:`~nas.search.retry.retry_storage`). Raises KeyError when there is no such study."""
 
 
 class DurableOptunaSearch(Searcher):
