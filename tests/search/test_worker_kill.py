@@ -25,10 +25,21 @@ TITLE = "ray::ImplicitFunc.train"
 """The process title of a Ray Tune function-trainable actor while it runs a trial."""
 
 
-def _trial_workers() -> list[int]:
-    """Pids of the processes whose title says they are running a Ray Tune trial."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    return [int(line.split(None, 1)[0]) for line in out.splitlines() if TITLE in line]
+def _trial_workers(root: int) -> list[int]:
+    """Pids of the descendants of ``root`` (the sweep's driver, which starts its local Ray cluster) whose title
+    says they are running a Ray Tune trial; another sweep's workers on the machine are never touched."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True).stdout
+    rows = [line.split(None, 2) for line in out.splitlines()]
+    parent = {int(r[0]): int(r[1]) for r in rows}
+
+    def below_root(pid: int) -> bool:
+        while pid > 1:
+            if pid == root:
+                return True
+            pid = parent.get(pid, 1)
+        return False
+
+    return [int(r[0]) for r in rows if len(r) == 3 and TITLE in r[2] and below_root(int(r[0]))]
 
 
 def _sweep_killing_one_worker(multi30k, tmp_path, tiny_supernet, **search):
@@ -47,7 +58,7 @@ def _sweep_killing_one_worker(multi30k, tmp_path, tiny_supernet, **search):
         deadline = time.time() + 600
         try:
             while killed is None and proc.poll() is None and time.time() < deadline:
-                workers = _trial_workers()
+                workers = _trial_workers(proc.pid)
                 if workers:
                     killed = workers[0]
                     os.kill(killed, signal.SIGKILL)
