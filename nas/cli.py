@@ -369,6 +369,10 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                                                   help="With the ONNX graphs (implies --onnx): also write int8 ones "
                                                        "(onnxruntime dynamic quantization of the matrix weights), which "
                                                        "translate_onnx.py then uses."),
+           ctranslate2: bool = typer.Option(False, "--ctranslate2",
+                                            help="Also write a CTranslate2 model folder (<out>/ctranslate2), checked "
+                                                 "against PyTorch; the sub-Transformer must be a plain Transformer "
+                                                 "(needs pip install 'nas[serve]')."),
            register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
                                                   help="Also log the export as an MLflow pyfunc model, register it as NAME "
                                                        "and point the alias 'champion' at it.")) -> None:
@@ -410,6 +414,8 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
     _check_exportable(client, run)
     tags = run.data.tags
     arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
+    if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
+        _check_ctranslate2(arch, Path(tags.get("nas.supernet_dir", "")) / "supernet.json")
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
                   "sweep_id": tags.get("nas.sweep_id")}
     try:
@@ -446,8 +452,47 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
             done = ", ".join(f"{g}.int8.onnx ({r['quantized']} weight products int8, {r['int8_bytes'] / 2**20:.1f} "
                              f"vs {r['fp32_bytes'] / 2**20:.1f} MiB)" for g, r in report.items())
             out.print(f"int8: {done}; translate_onnx.py now uses them (the fp32 graphs stay beside them)")
+    if ctranslate2:
+        _write_ctranslate2(path, Path(tags["nas.data_dir"]) / "valid.parquet")
     if register is not None:
         _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
+
+
+def _check_ctranslate2(arch, supernet_config: Path) -> None:
+    """Fail (exit 2, one line) when ``arch`` has a choice CTranslate2 cannot represent, or ctranslate2 is missing."""
+    from nas.export.ct2 import ctranslate2_problem, require_ctranslate2
+
+    config = json.loads(supernet_config.read_text(encoding="utf-8")) if supernet_config.is_file() else {}
+    problem = ctranslate2_problem(arch, config)
+    if problem:
+        _fail(f"--ctranslate2: {problem}; export without --ctranslate2, or pick a plain Transformer trial")
+    try:
+        require_ctranslate2()
+    except NasError as e:
+        _fail(f"--ctranslate2: {e}")
+
+
+def _write_ctranslate2(path: Path, valid: Path) -> None:
+    """Convert the export at ``path`` to ``path/ctranslate2`` and check its greedy translations of the first
+    validation sentences against PyTorch's (exit 1 when they differ)."""
+    import pyarrow.parquet as pq
+
+    from nas.export import load_export
+    from nas.export.ct2 import Ct2Translator, export_ctranslate2
+
+    folder = export_ctranslate2(path)
+    sentences = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:8] if valid.is_file() else []
+    mismatched = []
+    if sentences:
+        theirs = Ct2Translator(folder).translate(sentences, beam_size=1)
+        ours = load_export(path).translate(sentences, beam_size=1)
+        mismatched = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+    if mismatched:
+        _fail(f"the CTranslate2 model in {folder} translates validation sentences {mismatched} differently from "
+              "PyTorch (greedy)", code=1)
+    checked = f"greedy translations of {len(sentences)} validation sentences equal PyTorch's" if sentences else \
+        "not checked (no validation file)"
+    out.print(f"CTranslate2: {folder} ({checked}); translate with ctranslate2.Translator({str(folder)!r})")
 
 
 def _check_exportable(client, run) -> None:

@@ -11,6 +11,9 @@ onnx or mlflow):
   ``translate_onnx.py`` added to an export folder) and :func:`verify_onnx` (PyTorch against onnxruntime).
 - :mod:`nas.export.translate_onnx`: the standalone translation script copied into every ONNX folder
   (onnxruntime, numpy and sentencepiece only; it imports nothing of ``nas``, so it is not re-exported).
+- :mod:`nas.export.ct2`: the export as a CTranslate2 model folder (:func:`export_ctranslate2`, ``nas export
+  --ctranslate2``), :func:`ctranslate2_problem` (what prevents it) and :class:`Ct2Translator`; needs the
+  optional ``ctranslate2`` (``pip install 'nas[serve]'``) only when called.
 - :mod:`nas.export.mlflow_model`: an export folder as an MLflow pyfunc model (:func:`log_translator`,
   :class:`Translator`); imports mlflow.
 """
@@ -24,17 +27,22 @@ from nas.lazy import lazy_exports
 _MODULES = {
     "folder": ("export_arch", "load_export", "Exported", "PROVENANCE"),
     "onnx": ("export_onnx", "verify_onnx", "TRANSLATE_SCRIPT", "MANIFEST", "MIN_OPSET"),
+    "ct2": ("CT2_DIR", "Ct2Translator", "UnsupportedArchError", "build_spec", "ctranslate2_problem",
+            "export_ctranslate2", "require_ctranslate2"),
     "mlflow_model": ("CHAMPION", "EXPORT_FILES", "LoggedTranslator", "Translator", "log_translator",
                      "pip_requirements"),
 }
 """Submodule -> the public names it defines (its ``__all__``)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["CHAMPION", "EXPORT_FILES", "Exported", "LoggedTranslator", "MANIFEST", "MIN_OPSET", "PROVENANCE",
-           "TRANSLATE_SCRIPT", "Translator", "export_arch", "export_onnx", "load_export", "log_translator",
-           "pip_requirements", "verify_onnx"]
+__all__ = ["CHAMPION", "CT2_DIR", "Ct2Translator", "EXPORT_FILES", "Exported", "LoggedTranslator", "MANIFEST",
+           "MIN_OPSET", "PROVENANCE", "TRANSLATE_SCRIPT", "Translator", "UnsupportedArchError", "build_spec",
+           "ctranslate2_problem", "export_arch", "export_ctranslate2", "export_onnx", "load_export",
+           "log_translator", "pip_requirements", "require_ctranslate2", "verify_onnx"]
 
 if TYPE_CHECKING:
+    from nas.export.ct2 import (CT2_DIR, Ct2Translator, UnsupportedArchError, build_spec, ctranslate2_problem,
+                                export_ctranslate2, require_ctranslate2)
     from nas.export.folder import PROVENANCE, Exported, export_arch, load_export
     from nas.export.mlflow_model import (CHAMPION, EXPORT_FILES, LoggedTranslator, Translator, log_translator,
                                          pip_requirements)

@@ -316,3 +316,29 @@ def test_export_quantize_int8_writes_int8_graphs_that_translate_onnx_uses(constr
     run = subprocess.run([sys.executable, "translate_onnx.py", "--beam", "2", "--threads", "1"], cwd=tmp_path / "q",
                          input="\n".join(source) + "\n", capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and len(run.stdout.split("\n")[:-1]) == len(source), run.stderr[-2000:]
+
+
+def test_export_ctranslate2_writes_a_checked_model_or_names_the_choice_that_prevents_it(constrained_trials, multi30k,
+                                                                                        tmp_path):
+    pytest.importorskip("ctranslate2", reason="the serving extra: pip install 'nas[serve]'")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+    from nas.export.ct2 import Ct2Translator
+
+    ids, _, _ = constrained_trials
+    source = read_lines(multi30k / "val.en.gz", limit=6)
+    pq.write_table(pa.table({"src_text": source}), tmp_path / "data" / "valid.parquet")  # what the check reads
+    runner = CliRunner()
+    wide = runner.invoke(app, ["export", "--run-id", ids["wide"], "--out", str(tmp_path / "w"), "--ctranslate2"])
+    assert wide.exit_code == 2 and "Traceback" not in wide.output
+    message = " ".join(wide.stderr.split())
+    assert message.startswith("error: --ctranslate2: encoder layer 0 has branches=2") and "1 branch" in message
+    assert not (tmp_path / "w").exists()  # refused before anything was written
+    result = runner.invoke(app, ["export", "--run-id", ids["narrow"], "--out", str(tmp_path / "c"), "--ctranslate2"])
+    assert result.exit_code == 0, result.output
+    assert "greedy translations of 6 validation sentences equal PyTorch's" in " ".join(result.stdout.split())
+    ours = load_export(tmp_path / "c").translate(source, beam_size=2)
+    assert Ct2Translator(tmp_path / "c" / "ctranslate2").translate(source, beam_size=2) == ours
