@@ -67,15 +67,17 @@ class OnnxTranslator:
                                                   **cross, **state})
         return out[0], {e["input"]: t for e, t in zip(self.state, out[1:])}
 
-    def beam_search(self, src: np.ndarray, beam_size: int) -> list[list[int]]:
-        """Best hypothesis per sentence of src [b, s] (ids without BOS/EOS)."""
+    def beam_search(self, src: np.ndarray, beam_size: int, min_len: int = 0,
+                    max_len: int | None = None) -> list[list[int]]:
+        """Best hypothesis per sentence of src [b, s] (ids without BOS/EOS); no EOS before step min_len, and
+        max_len (steps) replaces the max_len_a * src_len + max_len_b bound when given."""
         m, k = self.meta, beam_size
         bos, eos, vocab = m["bos_id"], m["eos_id"], m["vocab_size"]
         bsz = src.shape[0]
         memory, src_pad, cross = self.encode(src)
         src_len = (~src_pad).sum(1)
         max_len = np.minimum((src_len.astype(np.float32) * np.float32(m["max_len_a"]) + np.float32(m["max_len_b"]))
-                             .astype(np.int64), m["max_positions"] - 1)
+                             .astype(np.int64) if max_len is None else np.full(bsz, max_len), m["max_positions"] - 1)
         rows = np.repeat(np.arange(bsz), k)  # beam row -> sentence
         memory, src_pad = memory[rows], src_pad[rows]
         cross = {e["input"]: np.take(cross[e["input"]], rows, axis=e["batch_axis"]) for e in self.cross}
@@ -93,9 +95,11 @@ class OnnxTranslator:
             lprobs = log_softmax(logits).reshape(n_act, k, vocab)
             lprobs[..., never] = -np.inf  # PAD and BOS are never emitted (as nas.model.decode.beam_search)
             at_limit = (step + 1) >= max_len[active]
+            if step + 1 < min_len:
+                lprobs[..., eos] = -np.inf
             if at_limit.any():
                 forced = np.full_like(lprobs[at_limit], -np.inf)
-                forced[..., eos] = lprobs[at_limit][..., eos]
+                forced[..., eos] = lprobs[at_limit][..., eos] if step + 1 >= min_len else 0.0
                 lprobs[at_limit] = forced
             cand = (scores[:, :, None] + lprobs).reshape(n_act, k * vocab)
             top_idx = topk(cand, 2 * k)

@@ -73,7 +73,7 @@ class IncrementalDecoder:
 @torch.inference_mode()  # not only no_grad: no view or version tracking, ~10% faster cached decoding
 def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = None, *, beam_size: int = 4,
                 bos_id: int = 2, eos_id: int = 3, len_penalty: float = 1.0, max_len_a: float = 1.5,
-                max_len_b: int = 10, return_scores: bool = False,
+                max_len_b: int = 10, min_len: int = 0, return_scores: bool = False,
                 use_cache: bool = True) -> list[list[int]] | tuple[list[list[int]], list[float]]:
     """Translate a batch with beam search; returns the best hypothesis per sentence (ids, no BOS/EOS).
 
@@ -88,6 +88,9 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         src: ``[b, s]`` source ids with EOS, PAD-padded.
         arch: the sub-Transformer (None: the model's widest).
         beam_size: beams per sentence (1 gives greedy decoding).
+        min_len: EOS is not emitted before this many decoding steps (fairseq's ``--min-len``), except where
+            the length limit forces it; with ``max_len_a=0, max_len_b=min_len`` every output has exactly
+            ``min_len - 1`` tokens and EOS (the fixed-length decoding of ``benchmarks/bench_serving.py``).
         return_scores: also return each best hypothesis's normalized score (log-probability / len**len_penalty).
         use_cache: decode incrementally with :class:`IncrementalDecoder` (keys/values cached); False
             recomputes every hypothesis's whole prefix at each step (the reference; same results).
@@ -123,10 +126,12 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         lprobs[..., never] = float("-inf")  # PAD and BOS are never emitted
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
+        if step + 1 < min_len:  # no EOS yet (where the limit does not force it)
+            lprobs[..., eos_id] = float("-inf")
         if any(at_limit_list):
             at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]
             forced = torch.full_like(lprobs[at_limit], float("-inf"))
-            forced[..., eos_id] = lprobs[at_limit][..., eos_id]
+            forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
             lprobs[at_limit] = forced
         cand = (scores[:, :, None] + lprobs).view(n_act, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n_act, 2k]

@@ -233,3 +233,19 @@ def test_int8_quantization_makes_the_weight_products_int8_and_keeps_the_logits(e
     run = subprocess.run([sys.executable, "translate_onnx.py", "--beam", "2", "--threads", "1"], cwd=folder,
                          input="\n".join(sentences) + "\n", capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and len(run.stdout.split("\n")[:-1]) == len(sentences), run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed"])
+def test_fixed_length_search_of_the_standalone_script_equals_pytorch(exports, sentences, name):
+    """``min_len``/``max_len`` (benchmarks/bench_serving.py's fixed-length decoding) as in nas.model.beam_search."""
+    from nas.export.translate_onnx import OnnxTranslator
+    from nas.model import beam_search
+
+    exported = load_export(exports[name])
+    ids = [x[:20] + [3] for x in exported.tokenizer.encode(sentences)]
+    src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)
+    for i, row in enumerate(ids):
+        src[i, :len(row)] = torch.tensor(row)
+    ort = OnnxTranslator(exports[name], threads=1).beam_search(src.numpy(), 3, min_len=7, max_len=7)
+    ours = beam_search(exported.model.eval(), src, exported.arch, beam_size=3, max_len_a=0.0, max_len_b=7, min_len=7)
+    assert ort == ours and {len(h) for h in ours} == {6}

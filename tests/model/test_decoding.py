@@ -181,3 +181,24 @@ def test_beam_search_never_emits_pad_or_bos(use_cache):
                                use_cache=use_cache)
             assert all(hyp for hyp in hyps)
             assert not {model.pad_id, 2} & {tok for hyp in hyps for tok in hyp}
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_min_len_holds_back_eos_until_then_and_fixes_the_length_with_an_equal_bound(beam_size):
+    """``min_len`` (fairseq's --min-len): with EOS the model's favourite token, outputs stop at once without it,
+    run exactly ``min_len - 1`` tokens with it, and the best hypothesis is the search's best among those that
+    end no earlier (the uncached search agrees)."""
+    name = "sequential"
+    arch, model, src = ARCHS[name][0], _model(name), _src()
+    with torch.no_grad():
+        memory, pad = model.encode(src, arch)
+        eos = int(model.decode(torch.full((src.size(0), 1), 2), memory, pad, arch)[0, -1].argmax())
+        free = beam_search(model, src, arch, beam_size=beam_size, eos_id=eos, max_len_a=0.0, max_len_b=9)
+        fixed = beam_search(model, src, arch, beam_size=beam_size, eos_id=eos, max_len_a=0.0, max_len_b=9, min_len=9)
+        uncached = beam_search(model, src, arch, beam_size=beam_size, eos_id=eos, max_len_a=0.0, max_len_b=9,
+                               min_len=9, use_cache=False)
+        held = beam_search(model, src, arch, beam_size=beam_size, eos_id=eos, max_len_a=0.0, max_len_b=9, min_len=4)
+    assert min(map(len, free)) < 3
+    assert [len(h) for h in fixed] == [8] * src.size(0) and eos not in {t for h in fixed for t in h}
+    assert fixed == uncached
+    assert min(map(len, held)) >= 3
