@@ -65,11 +65,15 @@ def _output_file(path: Optional[Path], option: str = "--out") -> None:
             _fail(f"{option}: {e}")
 
 
-def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None):
+_SET_HELP = ("Override a YAML value, KEY.PATH=VALUE (value read as YAML), e.g. --set train.steps=2 "
+             "--set search.trials=1 (repeatable).")
+
+
+def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None, overrides=()):
     from nas.space import SpecError, load_spec
 
     try:
-        return load_spec(file, check_files=check_files, check_predictor=check_predictor)
+        return load_spec(file, check_files=check_files, check_predictor=check_predictor, overrides=tuple(overrides or ()))
     except SpecError as e:
         _fail(str(e))
 
@@ -84,7 +88,8 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
                                                help="Print sweep NAME's trial counts by state in Optuna, Ray Tune and "
                                                     "MLflow, then exit."),
           workdir: Path = typer.Option(Path("nas_runs"), help="Where --resume/--status NAME look without FILE "
-                                                               "(the YAML's workdir).")) -> None:
+                                                               "(the YAML's workdir)."),
+          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
     """Train the supernet (or reuse a trained one) and run the Optuna search; prints the leaderboard.
 
     Running it again continues the sweep named by the YAML's `name` (after a crash or a kill): finished trials are kept, unfinished ones run again, nothing is duplicated.
@@ -100,7 +105,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
             faults.check()
         except NasError as e:
             _fail(str(e))
-    spec = _spec_for(file, resume or status, workdir, check_files=not status)
+    spec = _spec_for(file, resume or status, workdir, check_files=not status, overrides=overrides or ())
     from nas.preflight import BackendError, check_backends
 
     try:  # before Ray, MLflow or any folder: an unreachable tracking server, database or Ray address
@@ -136,11 +141,12 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
               f"{escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
-def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True):
+def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True, overrides=()):
     """The spec of ``file`` (whose name must be ``name`` if given), else of sweep ``name`` in ``workdir``:
-    the YAML copy saved when it started, read from the folder it started in."""
+    the YAML copy saved when it started (``--set`` overrides included), read from the folder it started in;
+    ``overrides`` (``--set``) applied on top."""
     if file is not None:
-        spec = _load(file, check_files=check_files)
+        spec = _load(file, check_files=check_files, overrides=overrides)
         if name and spec.name != name:
             _fail(f"{file}: name is {spec.name!r}, not {name!r}; pass the YAML of sweep {name!r} or leave FILE out")
         return spec
@@ -162,14 +168,15 @@ def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_fi
     except OSError as e:
         _fail(f"sweep {name!r} started in {record.cwd}, which is not available ({e.strerror}); pass its YAML: "
               f"nas sweep FILE --resume {name}")
-    return _load(copy, check_files=check_files)
+    return _load(copy, check_files=check_files, overrides=overrides)
 
 
 @app.command()
 def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet, space and train sections are used."),
-          out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet).")) -> None:
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet)."),
+          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
     """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
-    spec = _load(file, check_predictor=False)  # the predictor is used by sweeps only
+    spec = _load(file, check_predictor=False, overrides=overrides)  # the predictor is used by sweeps only
     from nas.api import train as train_tracked
 
     try:

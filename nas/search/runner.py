@@ -164,7 +164,7 @@ def _sweep_record(spec: SweepSpec, spec_path: str | Path, *, must_exist: bool) -
 def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -> None:
     """Write ``sweep.yaml`` (the YAML's copy) then ``sweep.json``, each atomically: the sweep exists from here on."""
     run_dir = spec.run_dir.resolve()
-    atomic_write_text(run_dir / SPEC_COPY, spec.redact(Path(spec_path).read_text(encoding="utf-8")))  # ${VAR} kept
+    atomic_write_text(run_dir / SPEC_COPY, spec.redact(spec.yaml_text(spec_path)))  # ${VAR} kept, --set applied
     atomic_write_text(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 

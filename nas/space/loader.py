@@ -21,7 +21,7 @@ from nas.space.predictor_file import read_predictor_meta
 from nas.space.schema import REDACTED, SweepSpec
 from nas.space.space import SearchSpace
 
-__all__ = ["load_spec", "parse_spec"]
+__all__ = ["apply_overrides", "load_spec", "parse_spec"]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -104,7 +104,45 @@ def _interpolate(raw: Any, loc: tuple[Any, ...], secrets: dict[tuple[str, ...], 
     return out
 
 
-def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None) -> SweepSpec:
+def _parse_override(item: str) -> tuple[tuple[str, ...], Any]:
+    """``"train.steps=2"`` -> (``("train", "steps")``, ``2``): the value is read as YAML (numbers, lists, ...)."""
+    key, sep, value = item.partition("=")
+    keys = tuple(key.strip().split("."))
+    if not sep or not all(keys):
+        raise SpecError(f"--set {item}: expected KEY.PATH=VALUE, e.g. --set train.steps=2")
+    try:
+        return keys, yaml.safe_load(value) if value.strip() else ""
+    except yaml.YAMLError as e:
+        raise SpecError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+
+
+def apply_overrides(raw: Any, overrides: tuple[str, ...] | list[str], source: str) -> Any:
+    """``raw`` (a parsed YAML mapping, not changed) with each ``KEY.PATH=VALUE`` of ``overrides`` set, in order;
+    missing sections are created (validation then names any unknown key), as Hydra's ``+key=value`` and Ray's
+    ``--config`` overrides let users cut a YAML down without editing it.
+
+    Raises:
+        SpecError: a malformed override, a value that is not YAML, or a key path through a non-mapping value.
+    """
+    import copy
+
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        keys, value = _parse_override(item)
+        node = out
+        for key in keys[:-1]:
+            if not isinstance(node, dict):
+                break
+            node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise SpecError(f"{source}: --set {item}: {'.'.join(keys[:-1])} is not a section (a mapping) in the "
+                            f"YAML, so it has no key {keys[-1]!r}")
+        node[keys[-1]] = value
+    return out
+
+
+def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None,
+              overrides: tuple[str, ...] | list[str] = ()) -> SweepSpec:
     """Read and validate a sweep YAML; nothing is started or written, and torch is not imported.
 
     String values may reference environment variables as ``${VAR}``; the substituted values are kept on the
@@ -117,7 +155,12 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
             (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
             or empty, or source and target files of a split with different line counts; or
             (``check_predictor``, default ``check_files``) a ``search.latency_predictor`` that is missing or
-            fitted for another model_dim, batch size or beam; each names the key path.
+            fitted for another model_dim, batch size or beam; each names the key path; or a malformed
+            ``overrides`` item.
+
+    ``overrides``: ``KEY.PATH=VALUE`` items (``nas sweep FILE --set train.steps=2``) applied to the YAML before
+    validation (:func:`apply_overrides`); the spec then keeps the effective YAML (:meth:`SweepSpec.yaml_text`),
+    which the sweep saves as its copy, so ``--resume`` continues with the same values.
     """
     path = Path(path)
     try:
@@ -132,9 +175,17 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise SpecError(f"{path}:{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    source_text = None
+    if overrides:
+        if not isinstance(raw, dict):
+            raise SpecError(f"{path}: the top level must be a mapping of keys (name, data, supernet, ...)")
+        raw = apply_overrides(raw, overrides, str(path))
+        source_text = (f"# {path} with --set {' --set '.join(overrides)}\n"
+                       + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
     raw = _interpolate(raw, (), secrets, str(path))
-    spec = parse_spec(raw, str(path)).keep_secrets(secrets)
+    source = f"{path} (with --set {', '.join(overrides)})" if overrides else str(path)
+    spec = parse_spec(raw, source).keep_secrets(secrets).keep_source(source_text)
     _check_points(spec, str(path))
     if check_files:
         check_data_files(spec, str(path))

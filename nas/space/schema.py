@@ -493,6 +493,21 @@ class SweepSpec(_Strict):
     _secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = PrivateAttr(default_factory=dict)
     """Key path -> (masked, values) of every string ``load_spec`` substituted a ``${VAR}`` into (see :meth:`redact`)."""
 
+    _source_text: str | None = PrivateAttr(default=None)
+    """The YAML text this spec was read from when ``--set`` overrides changed it (:meth:`yaml_text`)."""
+
+    def keep_source(self, text: str | None) -> "SweepSpec":
+        """Remember the effective YAML text (the file's, with ``--set`` overrides applied); returns this spec."""
+        self._source_text = text
+        return self
+
+    def yaml_text(self, path: str | Path) -> str:
+        """The YAML the spec was read from: the effective text :meth:`keep_source` kept (``--set`` overrides
+        applied), else the file ``path`` as it is. ``${VAR}`` references are kept, not substituted."""
+        if self._source_text is not None:
+            return self._source_text
+        return Path(path).read_text(encoding="utf-8")
+
     def keep_secrets(self, secrets: Mapping[tuple[str, ...], tuple[str, frozenset[str]]]) -> "SweepSpec":
         """Remember the strings that ``${VAR}`` references were substituted into, by YAML key path:
         ``("tracking", "optuna_storage")`` -> (the YAML's string with each reference shown as ``***``, the
