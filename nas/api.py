@@ -105,6 +105,7 @@ def _train_locked(spec: "SweepSpec", target: Path, progress: bool | None) -> "Tr
         tracking.end_run(run, "FAILED")
         raise
     stages.close()
+    tracking.log_supernet_files(run, target, data.root)  # so `nas export` works from any machine (MLflow)
     tracking.end_run(run)
     return result
 

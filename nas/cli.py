@@ -8,10 +8,13 @@ its traceback (exit code 1).
 from __future__ import annotations
 
 
+import atexit
 import json
 import os
 import random
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -421,12 +424,20 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
     _check_exportable(client, run)
     tags = run.data.tags
     arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
+    downloads = Path(tempfile.mkdtemp(prefix="nas-export-"))  # ours: removed when the command ends
+    atexit.register(shutil.rmtree, downloads, True)
+    try:  # the supernet on this machine, else the sweep logged it to MLflow (a laptop exporting a cluster's trial)
+        files = tracking.trial_model_files(run, downloads)
+    except NasError as e:
+        _fail(f"cannot export run {run_id}: {e}")
+    if files.source == "mlflow":
+        out.print(f"read the supernet from MLflow run {files.run_id} (not on this machine)", highlight=False)
     if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
-        _check_ctranslate2(arch, Path(tags.get("nas.supernet_dir", "")) / "supernet.json")
+        _check_ctranslate2(arch, files.supernet_dir / "supernet.json")
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
                   "sweep_id": tags.get("nas.sweep_id")}
     try:
-        path = export_arch(tags["nas.supernet_dir"], Path(tags["nas.data_dir"]) / "spm.model", arch, out_dir,
+        path = export_arch(files.supernet_dir, files.spm_model, arch, out_dir,
                            beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force)
     except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
@@ -445,8 +456,8 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         from nas.export.onnx import export_onnx, verify_onnx
 
         export_onnx(path, path)
-        valid = Path(tags["nas.data_dir"]) / "valid.parquet"  # real sentences of the sweep's validation set
-        sentences = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:4]
+        sentences = (pq.read_table(files.valid, columns=["src_text"]).column("src_text").to_pylist()[:4]  # real ones
+                     if files.valid is not None else list(_FALLBACK_SENTENCES))
         diff = verify_onnx(path, sentences)
         if diff > 1e-4:
             _fail(f"ONNX export of {path} differs from PyTorch by {diff:.2e} in the logits (limit 1e-4)", code=1)
@@ -460,9 +471,9 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                              f"vs {r['fp32_bytes'] / 2**20:.1f} MiB)" for g, r in report.items())
             out.print(f"int8: {done}; translate_onnx.py now uses them (the fp32 graphs stay beside them)")
     if ctranslate2:
-        _write_ctranslate2(path, Path(tags["nas.data_dir"]) / "valid.parquet")
+        _write_ctranslate2(path, files.valid)
     if register is not None:
-        _register_export(path, register, run, Path(tags.get("nas.data_dir", "")) / "valid.parquet")
+        _register_export(path, register, run, files.valid)
 
 
 def _check_ctranslate2(arch, supernet_config: Path) -> None:
@@ -479,7 +490,11 @@ def _check_ctranslate2(arch, supernet_config: Path) -> None:
         _fail(f"--ctranslate2: {e}")
 
 
-def _write_ctranslate2(path: Path, valid: Path) -> None:
+_FALLBACK_SENTENCES = ("a", "the house .", "two people are walking down the street .", "1 2 3")
+"""What the export checks translate when the sweep logged no validation file (any text tokenizes)."""
+
+
+def _write_ctranslate2(path: Path, valid: Optional[Path]) -> None:
     """Convert the export at ``path`` to ``path/ctranslate2`` and check its greedy translations of the first
     validation sentences against PyTorch's (exit 1 when they differ)."""
     import pyarrow.parquet as pq
@@ -488,7 +503,8 @@ def _write_ctranslate2(path: Path, valid: Path) -> None:
     from nas.export.ct2 import Ct2Translator, export_ctranslate2
 
     folder = export_ctranslate2(path)
-    sentences = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:8] if valid.is_file() else []
+    sentences = (pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:8]
+                 if valid is not None and valid.is_file() else list(_FALLBACK_SENTENCES))
     mismatched = []
     if sentences:
         theirs = Ct2Translator(folder).translate(sentences, beam_size=1)
@@ -528,7 +544,7 @@ def _check_exportable(client, run) -> None:
     _fail(f"run {run_id} is {what}, not a trial; pass the run id of {trial} ({leaderboard}) or --best")
 
 
-def _register_export(path: Path, name: str, run, valid: Path) -> None:
+def _register_export(path: Path, name: str, run, valid: Optional[Path]) -> None:
     """Log the export folder ``path`` as an MLflow pyfunc model, register it as ``name``, alias champion."""
     import mlflow
 
@@ -536,7 +552,7 @@ def _register_export(path: Path, name: str, run, valid: Path) -> None:
     from nas.export.mlflow_model import DEFAULT_EXAMPLE, log_translator
 
     example = list(DEFAULT_EXAMPLE)
-    if valid.is_file():  # real sentences of the sweep's validation set as the input example
+    if valid is not None and valid.is_file():  # real sentences of the sweep's validation set as the input example
         import pyarrow.parquet as pq
 
         example = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:3] or example

@@ -260,6 +260,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir,
                                results_dir=results_dir(spec, sweep_id))
             supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
+            _log_supernet_files(experiment, parent, supernet_dir, Path(data.root))
             completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
             finetuned: dict[str, int] = {}
             if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
@@ -382,6 +383,19 @@ def _finish_supernet_run(experiment: str, parent: str, tags: dict[str, str], par
                                     tags={**tags, "nas.reused": "true"}, params=params)
     tracking.log_metrics(run_id, metrics)
     tracking.end_run(run_id, "FINISHED")
+
+
+def _log_supernet_files(experiment: str, parent: str, supernet_dir: Path, data_dir: Path) -> None:
+    """Log the trained supernet, the SentencePiece model and the validation file into the sweep's supernet run
+    (once; a resumed sweep uploads only what is missing), so ``nas export`` works from any machine that reaches
+    MLflow (:mod:`nas.tracking.model_files`)."""
+    runs = tracking.find_tagged_runs(experiment, {tracking.TAG_PARENT: parent, tracking.TAG_ROLE: "supernet"})
+    finished = [r for r in runs if r.info.status == "FINISHED"] or runs
+    if finished:
+        uploaded = tracking.log_supernet_files(finished[0].info.run_id, supernet_dir, data_dir)
+        if uploaded:
+            console.print(f"logged {', '.join(uploaded)} to MLflow run {finished[0].info.run_id} "
+                          f"(artifacts/{tracking.SUPERNET_ARTIFACTS})")
 
 
 def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str],

@@ -7,6 +7,9 @@ mlflow):
 - :mod:`nas.tracking.layout`: the run layout (``TAG_*`` names, stage names) and :func:`tracking_uri` (no mlflow).
 - :mod:`nas.tracking.runs`: the MLflow client: experiments, parent/child runs, :class:`StageRuns`, params,
   metrics, artifacts, resuming and ending runs.
+- :mod:`nas.tracking.model_files`: the trained supernet, SentencePiece model and validation file as artifacts
+  of the supernet run (:func:`log_supernet_files`), and where a trial's are (:func:`trial_model_files`: the
+  local folders, else downloaded through MLflow), so any machine that reaches MLflow can export.
 - :mod:`nas.tracking.rows`: :class:`LeaderboardRow` and the row metrics (no mlflow).
 - :mod:`nas.tracking.pareto`: :class:`Objective`, :func:`parse_objectives`, :func:`pareto_mask` (no mlflow).
 - :mod:`nas.tracking.query`: :func:`leaderboard`, :func:`iter_leaderboard_rows`, :func:`parse_where`
@@ -33,6 +36,7 @@ _MODULES = {
     "runs": ("get_client", "ensure_experiment", "flatten", "start_run", "log_metrics", "log_json_artifact",
              "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params", "reopen_run",
              "end_stale_runs", "find_runs"),
+    "model_files": ("SUPERNET_ARTIFACTS", "ModelFiles", "log_supernet_files", "trial_model_files"),
     "rows": ("LeaderboardRow",),
     "pareto": ("Objective", "DEFAULT_OBJECTIVES", "parse_objectives", "pareto_mask"),
     "query": ("LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
@@ -44,7 +48,8 @@ _MODULES = {
 """Submodule -> the public names it defines (the package's API)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "Objective", "PARAM_CONSTRAINTS",
+__all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
+    "PARAM_CONSTRAINTS", "SUPERNET_ARTIFACTS", "log_supernet_files", "trial_model_files",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
     "TAG_TRIAL_ID", "best_trial", "constraints_by_sweep", "describe_constraints", "end_run", "end_stale_runs",
@@ -58,6 +63,7 @@ if TYPE_CHECKING:
     from nas.tracking.layout import (PARAM_CONSTRAINTS, STAGE_NAMES, TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ERROR,
                                      TAG_OBJECTIVES, TAG_OPTUNA_STORAGE, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE,
                                      TAG_STAGE, TAG_STUDY_NAME, TAG_SWEEP_ID, TAG_TRIAL_ID, tracking_uri)
+    from nas.tracking.model_files import SUPERNET_ARTIFACTS, ModelFiles, log_supernet_files, trial_model_files
     from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives, pareto_mask
     from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, best_trial, iter_leaderboard_rows,
                                     leaderboard, pareto_scan, parse_where)

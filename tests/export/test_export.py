@@ -340,5 +340,5 @@ def test_export_ctranslate2_writes_a_checked_model_or_names_the_choice_that_prev
     result = runner.invoke(app, ["export", "--run-id", ids["narrow"], "--out", str(tmp_path / "c"), "--ctranslate2"])
     assert result.exit_code == 0, result.output
     assert "greedy translations of 6 validation sentences equal PyTorch's" in " ".join(result.stdout.split())
-    ours = load_export(tmp_path / "c").translate(source, beam_size=2)
-    assert Ct2Translator(tmp_path / "c" / "ctranslate2").translate(source, beam_size=2) == ours
+    ours = load_export(tmp_path / "c").translate(source, beam_size=1)
+    assert Ct2Translator(tmp_path / "c" / "ctranslate2").translate(source, beam_size=1) == ours
