@@ -15,6 +15,7 @@ Prints, side by side from one run (interleaved rounds, so machine noise hits bot
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import random
 import statistics
@@ -95,8 +96,8 @@ def main() -> None:
         raise SystemExit("the nn.Transformer reference needs one FFN width in every layer")
     ref = Reference(data.vocab_size, sn.model_dim, sn.model_dim // sn.head_width, widest.encoder.layers, widest.decoder.layers,
                     widest.encoder.ffn_width[0], sn.dropout).train()
-    src, tgt = data.load_split("train")
-    batches = list(TokenBatcher(src, tgt, tr.max_tokens, seed=0).batches(0))[: args.steps]
+    batcher = TokenBatcher(data.corpus("train"), tr.max_tokens, seed=0)
+    batches = list(itertools.islice(batcher.batches(0), args.steps))
     precision = resolve_precision(tr.precision, "cpu")  # auto: fp32 where bf16 would be emulated
     autocast = autocast_for(precision, "cpu")
     rng = random.Random(0)

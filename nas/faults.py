@@ -21,8 +21,8 @@ Kill points (:func:`kill_point`) are armed by a second variable, for the kill te
 
     NAS_TEST_KILL=POINT[:N]      # SIGKILL the process the N-th time (default 1) it passes POINT
 
-POINT is one of :data:`KILL_POINTS`: ``data_prepare`` (the data cache's temporary folder is filled, not yet
-published), ``checkpoint_write`` (a checkpoint's temporary file is written, not yet renamed into place),
+POINT is one of :data:`KILL_POINTS`: ``data_prepare`` (after each training shard the data preparation
+writes, and once the cache's temporary folder is filled, not yet published), ``checkpoint_write`` (a checkpoint's temporary file is written, not yet renamed into place),
 ``mlflow_write`` (before an MLflow ``log_batch``), ``after_tell`` (Optuna was told a trial's result, its MLflow
 run not yet ended). Passes are counted per process. Before the kill, the point appends ``POINT pid`` to the
 file ``NAS_TEST_KILL_LOG`` names (if set), so a test knows where its kill landed.

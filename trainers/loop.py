@@ -22,7 +22,7 @@ import json
 import random
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -145,8 +145,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     model = build_supernet(spec, data.vocab_size).to(device)
     optimizer = make_optimizer(model, tr.lr, tr.weight_decay)
     scheduler = make_scheduler(optimizer, tr.warmup_steps, [stage.steps for stage in plan])  # restarts per stage
-    train_src, train_tgt = data.load_split("train")
-    batchers = {"train": TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)}
+    corpus = data.corpus("train")  # memory-mapped: the ranks of one machine share its pages
+    batchers = {"train": TokenBatcher(corpus, tr.max_tokens, shuffle=True, seed=tr.seed)}
     rng = random.Random(tr.seed)
     state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}, "stage": plan[0].name,
              "corpus": "train", "stage_scores": {}}
@@ -200,14 +200,14 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         at = stage_at(plan, step)
         return stages[at.index], at
 
-    def batcher(corpus: str) -> TokenBatcher:
-        if corpus not in batchers:
+    def batcher(name: str) -> TokenBatcher:
+        if name not in batchers:
             if state["step"] % tr.checkpoint_every:  # the model that translates survives a kill
                 checkpoint()
-            src, tgt = _distilled_corpus(model, widest, train_src, stage_at(plan, state["step"]), out_dir / corpus,
-                                         rank, world, bf16, show)
-            batchers[corpus] = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
-        return batchers[corpus]
+            src, tgt = _distilled_corpus(model, widest, corpus.src, stage_at(plan, state["step"]),
+                                         out_dir / name, rank, world, bf16, show)
+            batchers[name] = TokenBatcher(src, tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+        return batchers[name]
 
     def after_step(result: StepResult) -> None:
         at = result.position
@@ -273,9 +273,13 @@ def _corpus(plan, at: StagePosition) -> str:
     return f"{DISTILL_DIR}/step_{start:08d}"
 
 
-def _distilled_corpus(model: SuperTransformer, widest: Arch, train_src: list[list[int]], at: StagePosition,
+def _distilled_corpus(model: SuperTransformer, widest: Arch, train_src: Sequence[list[int]], at: StagePosition,
                       folder: Path, rank: int, world: int, bf16: bool, show: bool):
-    """Write (or finish writing) stage 3's targets with every rank's share, then load them all."""
+    """Write (or finish writing) stage 3's targets with every rank's share, then load them all.
+
+    ``train_src`` is the training sources as a sequence of id lists (the mapped corpus's ``src`` view: a row
+    becomes a list when it is read); the stage-3 corpus returned is lists (at most ``max_sentences`` pairs).
+    """
     stage = at.stage
     write_distill_targets(model, widest, train_src, folder, stage, rank=rank, world=world, bf16=bf16, progress=show)
     if world > 1:

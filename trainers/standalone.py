@@ -56,8 +56,7 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
     model.to(device).train()
     optimizer = make_optimizer(model, tr.lr if lr is None else lr, tr.weight_decay)
     scheduler = make_scheduler(optimizer, tr.warmup_steps if warmup_steps is None else warmup_steps)
-    train_src, train_tgt = data.load_split("train")
-    batcher = TokenBatcher(train_src, train_tgt, tr.max_tokens, shuffle=True, seed=tr.seed)
+    batcher = TokenBatcher(data.corpus("train"), tr.max_tokens, shuffle=True, seed=tr.seed)  # memory-mapped ids
     stage = StandaloneTraining(arch, spec, autocast_for(resolve_precision(tr.precision, device), device))
     losses: list[float] = []
 
