@@ -25,9 +25,11 @@ need it, the conversion and :class:`Ct2Translator` do.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +228,21 @@ def export_ctranslate2(export_dir: str | Path, out: str | Path | None = None, *,
     return out
 
 
+@contextlib.contextmanager
+def _keep_torch_threads() -> Iterator[None]:
+    """Restore torch's intra-op thread count after a CTranslate2 call: CTranslate2 sets the OpenMP thread count
+    of the process to its own ``intra_threads``, which torch then reads back (measured: 2 threads became 1), so
+    a later PyTorch computation in the same process would run on CTranslate2's count, slower and with other
+    rounding."""
+    torch_module = sys.modules.get("torch")
+    threads = torch_module.get_num_threads() if torch_module is not None else None
+    try:
+        yield
+    finally:
+        if threads is not None and torch_module.get_num_threads() != threads:
+            torch_module.set_num_threads(threads)
+
+
 class Ct2Translator:
     """Translate raw sentences with a CTranslate2 folder written by :func:`export_ctranslate2`.
 
@@ -252,8 +269,9 @@ class Ct2Translator:
         self.meta = json.loads(manifest.read_text(encoding="utf-8"))
         self.sp = spm.SentencePieceProcessor(model_file=str(folder / "spm.model"))
         self._never = [[self.sp.id_to_piece(PAD_ID)], [self.sp.id_to_piece(BOS_ID)]]
-        self.translator = ct2.Translator(str(folder), device="cpu", intra_threads=threads, inter_threads=1,
-                                         compute_type=compute_type)
+        with _keep_torch_threads():
+            self.translator = ct2.Translator(str(folder), device="cpu", intra_threads=threads, inter_threads=1,
+                                             compute_type=compute_type)
 
     def pieces(self, sentences: list[str]) -> list[list[str]]:
         """The SentencePiece pieces of each sentence, cut to the export's longest source."""
@@ -272,10 +290,11 @@ class Ct2Translator:
         beam = beam_size or int(self.meta.get("beam_size", 4))
         if max_length is None:
             max_length = int(1.5 * (max((len(p) for p in pieces), default=0) + 1) + 10) - 1
-        results = self.translator.translate_batch(pieces, beam_size=beam, max_batch_size=max_batch_size,
-                                                  batch_type="examples", max_decoding_length=max_length,
-                                                  min_decoding_length=min_length, length_penalty=1.0,
-                                                  suppress_sequences=self._never)
+        with _keep_torch_threads():
+            results = self.translator.translate_batch(pieces, beam_size=beam, max_batch_size=max_batch_size,
+                                                      batch_type="examples", max_decoding_length=max_length,
+                                                      min_decoding_length=min_length, length_penalty=1.0,
+                                                      suppress_sequences=self._never)
         return [r.hypotheses[0] for r in results]
 
     def translate(self, sentences: list[str], beam_size: int | None = None, *, max_batch_size: int = 64) -> list[str]:

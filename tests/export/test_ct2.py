@@ -148,3 +148,14 @@ def test_converting_an_unsupported_export_raises_and_writes_nothing(tokenizer, t
 def test_a_folder_that_is_not_a_ctranslate2_export_is_named(tmp_path):
     with pytest.raises(NasError, match="nas export --ctranslate2"):
         Ct2Translator(tmp_path)
+
+
+def test_torch_keeps_its_thread_count_after_ctranslate2_runs(exported, sources):
+    """CTranslate2 sets the process's OpenMP thread count to its own; torch read it back (2 threads became 1),
+    which slowed PyTorch and changed its rounding in later in-process computations."""
+    _, folder = exported
+    torch.set_num_threads(2)
+    translator = Ct2Translator(folder, threads=1)
+    assert torch.get_num_threads() == 2
+    translator.translate(sources[:2], beam_size=1)
+    assert torch.get_num_threads() == 2
