@@ -52,6 +52,19 @@ def pytest_make_collect_report(
     return report
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny tensors: one intra-op thread is faster, and not slowed 30x by a busy machine's other processes.
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``; the count is restored
+    after its last test."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     if not (MULTI30K / "train.en.gz").is_file():

@@ -27,12 +27,7 @@ MAXIMA = Arch(StackArch((32, 32, 32), (64, 64, 64), (2, 2, 2)), StackArch((32, 3
 PLAIN = Arch(StackArch((32, 32), (64, 32)), StackArch((16, 16), (48, 64)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -37,13 +37,7 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is faster, and not slowed 30x by a busy machine's other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _varied(model: SuperTransformer) -> SuperTransformer:

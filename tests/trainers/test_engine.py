@@ -32,13 +32,7 @@ BATCHES_PER_EPOCH = 5
 """With :func:`_batcher`'s pairs: 5 batches, so with ``ACCUMULATE`` 2 an epoch is 3 steps (2 + 2 + 1 batches)."""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is faster, and not slowed 30x by a busy machine's other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def _spec(**train):

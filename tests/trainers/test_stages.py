@@ -162,13 +162,7 @@ def _reference(model, batches, archs, lam, eps, ntokens):
     return {n: p.grad for n, p in ref.named_parameters()}, StepOutput(**sums)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny tensors: one intra-op thread is faster, and not slowed 30x by a busy machine's other processes."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 # ---- the registry and the protocol ------------------------------------------------------------------------
