@@ -277,11 +277,13 @@ def _tau_inherited(spec, data, out: Path, supernet, front: list[dict[str, Any]])
                           **score_model(supernet, arch, spec, data)})
 
 
-def phase_tau(work: Path, out: Path, train: bool = True) -> None:
+def phase_tau(work: Path, out: Path, train: bool = True, only: tuple[str, ...] = ()) -> None:
     """Kendall tau and Spearman rho between inherited and standalone scores of :data:`TAU_ARCHS` unified
     sub-Transformers: the retrained front members and the archs of :func:`_tau_archs`, each trained alone
     (smallest first, so a cut-short run has the most points). Needs no supernet: the inherited scores were
-    stored by the ``unified`` phase. ``train=False`` (``--no-train``): only the archs already trained count."""
+    stored by the ``unified`` phase. ``train=False`` (``--no-train``): only the archs already trained count.
+    ``only`` (``--only ID ...``): train only these arch ids (so that two processes, one thread each, can train
+    two archs at once on two cores); the others count if already trained."""
     from nas.builders import prepare_sweep_data
     from nas.search.fidelity import rank_correlation
     from nas.space.arch import Arch
@@ -300,7 +302,7 @@ def phase_tau(work: Path, out: Path, train: bool = True) -> None:
     for inherited in sorted(inherited_rows, key=lambda r: r.get("params_m", 0.0)):
         arch = Arch.from_dict(inherited["arch"])
         target = folder / f"standalone_{arch.arch_id}.json"
-        if not train and _read(target) is None:
+        if (not train or (only and arch.arch_id not in only)) and _read(target) is None:
             continue
         alone = _train_alone(arch, spec, data, target, {"space": "unified"})
         rows.append({"arch_id": arch.arch_id, "arch_summary": arch.summary(), "params_m": alone["params_m"],
@@ -585,6 +587,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="smoke run: this many steps, 2 trials, 40 sentences")
     ap.add_argument("--spaces", nargs="*", choices=("quickstart", "unified"), default=["quickstart", "unified"],
                     help="the spaces the retrain phase trains fronts of, in this order")
+    ap.add_argument("--only", nargs="*", default=[], metavar="ARCH_ID",
+                    help="tau: train only these archs (the others count if already trained)")
     ap.add_argument("--no-train", action="store_true", help="tau: correlate only the archs already trained alone")
     args = ap.parse_args()
     out, work = Path(args.out), Path(args.work)
@@ -602,7 +606,7 @@ def main() -> None:
             for space in args.spaces:
                 phase_retrain(space, work, out)
         elif phase == "tau":
-            phase_tau(work, out, train=not args.no_train)
+            phase_tau(work, out, train=not args.no_train, only=tuple(args.only))
         elif phase == "latency":
             phase_latency(work, out)
         elif phase == "refront":

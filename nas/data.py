@@ -1117,10 +1117,13 @@ class Batch:
     tgt_out: torch.Tensor
     ntokens: int
 
-    def to(self, device: torch.device | str) -> Batch:
-        """Return a copy with all tensors on ``device``."""
+    def to(self, device: torch.device | str, pin_memory: bool = False) -> Batch:
+        """Return a copy with all tensors on ``device``; ``pin_memory`` (CUDA): through page-locked memory, so the
+        copy is asynchronous (``non_blocking``) and the host does not wait for it."""
         tensors = (self.src, self.tgt_in, self.tgt_out)
-        src, tgt_in, tgt_out = (t.to(device, non_blocking=True) for t in tensors)
+        if pin_memory:
+            tensors = tuple(t.pin_memory() for t in tensors)
+        src, tgt_in, tgt_out = (t.to(device, non_blocking=pin_memory) for t in tensors)
         return Batch(src, tgt_in, tgt_out, self.ntokens)
 
 

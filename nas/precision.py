@@ -1,4 +1,6 @@
-"""Training precision: bf16 autocast where the device computes bf16 natively, fp32 elsewhere.
+"""Training precision and the device's training settings: bf16 autocast where the device computes bf16
+natively, fp32 elsewhere; on CUDA also TF32 matrix products, fused Adam, pinned batches and an inner loop
+without host synchronisation (:func:`device_settings`, the one place that decides them).
 
 bf16 halves activation memory and, on CUDA GPUs from Ampere on and on CPUs with AVX512-BF16 or AMX,
 speeds up training with the same loss curve. On other CPUs PyTorch emulates bf16 matrix products:
@@ -9,15 +11,17 @@ on an AVX2-only AMD EPYC (this project's CI machines) a 2048x512 @ 512x2048 forw
 
 from __future__ import annotations
 
-from nas.errors import NasError
-
 import time
 import warnings
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 
 import torch
 
-__all__ = ["bf16_native", "resolve_precision", "autocast_for"]
+from nas.errors import NasError
+
+__all__ = ["bf16_native", "resolve_precision", "autocast_for", "DeviceSettings", "device_settings",
+           "training_device"]
 
 
 def bf16_native(device: str | torch.device) -> bool:
@@ -68,6 +72,56 @@ def autocast_for(precision: str, device: str | torch.device) -> AbstractContextM
     if precision == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return nullcontext()
+
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """How the training loop uses a device: every difference between the CPU and the CUDA path is one field here,
+    so the CUDA path is the CPU path's code with other values (and tests run it on CPU with :func:`device_settings`'s
+    CUDA values where the CPU supports them)."""
+
+    device: torch.device
+    fused_adam: bool
+    """``torch.optim.Adam(fused=True)``: one kernel for every parameter's update. CUDA only: on CPU the foreach
+    implementation is kept, so CPU runs stay bit-for-bit what they were."""
+    pin_memory: bool
+    """Batches are copied into page-locked memory and moved with ``non_blocking=True`` (CUDA only: pinning needs
+    a CUDA runtime)."""
+    deferred_checks: bool
+    """No host synchronisation in the inner loop: losses and gradient norms stay on the device and are read at
+    log and checkpoint steps only, where a non-finite gradient norm since the last read is reported (so the
+    steps in between are taken). False (CPU, where reading a value costs nothing): the norm is checked before
+    every optimizer step and a non-finite one steps nothing."""
+    tf32: bool
+    """fp32 matrix products and convolutions may use TF32 (``torch.backends.cuda.matmul.fp32_precision``):
+    Ampere and later; the bf16 autocast regions are not affected."""
+
+
+def device_settings(device: str | torch.device) -> DeviceSettings:
+    """The training settings of ``device``: everything on for CUDA, everything off elsewhere."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    return DeviceSettings(device=device, fused_adam=cuda, pin_memory=cuda, deferred_checks=cuda, tf32=cuda)
+
+
+def training_device(device: str | torch.device | None = None) -> DeviceSettings:
+    """Choose the training device (default: ``cuda`` when available, else ``cpu``), switch TF32 on for CUDA,
+    and return its :class:`DeviceSettings`. Every trainer starts here."""
+    settings = device_settings(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if settings.tf32:
+        _allow_tf32()
+    return settings
+
+
+def _allow_tf32() -> None:
+    """TF32 for fp32 matrix products and cuDNN convolutions, with the API of torch >= 2.9 where it exists."""
+    matmul = torch.backends.cuda.matmul
+    if hasattr(matmul, "fp32_precision"):
+        matmul.fp32_precision = "tf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+    else:  # pragma: no cover - torch < 2.9
+        matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
 
 def _main() -> None:  # python -m nas.precision: what `auto` picks here, and why

@@ -50,12 +50,13 @@ def all_reduce_grads(model: torch.nn.Module) -> None:
         offset += n
 
 
-def all_reduce_dict(values: dict[str, float], device: torch.device) -> dict[str, float]:
-    """Sum a dict of floats over the ranks (same keys everywhere; float64)."""
+def all_reduce_dict(values: dict[str, float | torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """Sum a dict of floats or 0-dim tensors over the ranks (same keys everywhere; float64): 0-dim tensors on
+    ``device``, not read back to the host."""
     keys = sorted(values)
-    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    t = torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device) for k in keys])
     torch.distributed.all_reduce(t)
-    return dict(zip(keys, t.tolist()))
+    return dict(zip(keys, t.unbind(0)))
 
 
 def broadcast(compute: Callable[[], dict[str, float]], main: bool) -> dict[str, float]:

@@ -19,6 +19,7 @@ import torch
 
 from nas.data import TokenBatcher
 from nas.model.supernet import SuperTransformer
+from nas.precision import DeviceSettings, device_settings
 from trainers.distributed import all_reduce_dict, all_reduce_grads, shard
 from trainers.optim import batch_groups
 from trainers.stages.base import Stage, StepInfo, StepOutput
@@ -34,8 +35,8 @@ class StepResult:
     """Optimizer steps done, this one included (1-based number of this step)."""
     output: StepOutput
     """Its per-token losses (summed over the data-parallel ranks)."""
-    grad_norm: float
-    """Total gradient norm before clipping."""
+    grad_norm: torch.Tensor
+    """Total gradient norm before clipping (0-dim, on the training device: ``float`` it where it is logged)."""
     ntokens: int
     """Its target tokens (all ranks)."""
     position: Any
@@ -56,18 +57,27 @@ class LoopHooks:
     """Called after every optimizer step, the state already advanced."""
     describe: Callable[[int], str] = lambda step: f"step {step}"
     """Names a 1-based step in the non-finite-gradient error."""
+    reads_at: Callable[[int], bool] = lambda step: True
+    """1-based step -> whether ``after_step`` reads values there (logs, evaluates, checkpoints): with deferred
+    checks (CUDA) the gradient norms are checked before such a step's hooks only."""
 
 
 def optimizer_step(model: SuperTransformer, optimizer: torch.optim.Optimizer,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler, clip_norm: float, where: str) -> float:
+                   scheduler: torch.optim.lr_scheduler.LRScheduler, clip_norm: float, where: str,
+                   check: bool = True) -> torch.Tensor:
     """Clip the accumulated gradients to ``clip_norm`` (total 2-norm), step Adam, renormalise MUTE's AutoShuffle
-    matrices (eq. 17-18) and step the schedule; returns the norm before clipping.
+    matrices (eq. 17-18) and step the schedule; returns the norm before clipping (a 0-dim tensor on the
+    parameters' device).
+
+    Args:
+        check: read the norm and refuse a non-finite one before stepping (a host synchronisation); False
+            (``DeviceSettings.deferred_checks``): the caller checks the norms later, the step is taken.
 
     Raises:
-        FloatingPointError: a non-finite gradient norm (names ``where``); nothing is stepped then.
+        FloatingPointError: ``check`` and a non-finite gradient norm (names ``where``); nothing is stepped then.
     """
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm))
-    if not math.isfinite(grad_norm):
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    if check and not math.isfinite(float(grad_norm)):
         raise FloatingPointError(f"non-finite gradient norm at {where}; lower train.lr")
     optimizer.step()
     model.renormalize_autoshuffle_()  # MUTE eq. 17-18
@@ -77,7 +87,7 @@ def optimizer_step(model: SuperTransformer, optimizer: torch.optim.Optimizer,
 
 def run_loop(model: SuperTransformer, optimizer: torch.optim.Optimizer,
              scheduler: torch.optim.lr_scheduler.LRScheduler, state: dict[str, Any], hooks: LoopHooks, *,
-             steps: int, accumulate: int, clip_norm: float, device: torch.device, rank: int = 0,
+             steps: int, accumulate: int, clip_norm: float, device: torch.device | DeviceSettings, rank: int = 0,
              world: int = 1) -> None:
     """Train until ``state["step"] == steps``.
 
@@ -87,12 +97,24 @@ def run_loop(model: SuperTransformer, optimizer: torch.optim.Optimizer,
     (``state["epoch"]``, ``state["position"]`` in batches), and a step whose corpus differs from the current
     one starts that corpus at epoch 0.
 
+    With ``device``'s :attr:`~nas.precision.DeviceSettings.deferred_checks` (CUDA), nothing in a step waits
+    for the device: the batches are pinned and copied asynchronously, the losses and the gradient norm stay
+    on the device, and the norms are checked only before a step where ``hooks.reads_at`` says the caller
+    reads values (log, evaluation and checkpoint steps): a non-finite norm since the last check raises there,
+    before that step's hooks run, so no checkpoint holds its weights. Otherwise each norm is checked before
+    its optimizer step.
+
     Args:
         state: ``step``, ``epoch``, ``position``, ``corpus``; advanced in place (the caller checkpoints it).
+        device: the training device, or its :class:`~nas.precision.DeviceSettings` (a bare device gets
+            :func:`~nas.precision.device_settings`'s).
 
     Raises:
         FloatingPointError: a non-finite gradient norm.
     """
+    settings = device if isinstance(device, DeviceSettings) else device_settings(device)
+    device = settings.device
+    unchecked: list[torch.Tensor] = []  # norms of the steps taken since the last check (deferred checks)
     while state["step"] < steps:
         corpus = hooks.corpus_at(state["step"])
         if state["corpus"] != corpus:  # a stage with other targets starts: its own epochs
@@ -103,14 +125,24 @@ def run_loop(model: SuperTransformer, optimizer: torch.optim.Optimizer,
                 break
             stage, position = hooks.stage_at(state["step"])
             ntokens = sum(b.ntokens for b in group)
-            shards = [s.to(device) for s in (shard(b, rank, world) for b in group) if s is not None]
+            shards = [s.to(device, settings.pin_memory) for s in (shard(b, rank, world) for b in group)
+                      if s is not None]
             optimizer.zero_grad(set_to_none=True)
             out = stage.step(model, shards, StepInfo(state["step"], ntokens, position))
             if world > 1:
                 all_reduce_grads(model)
                 out = StepOutput(**all_reduce_dict(out.to_dict(), device))
-            grad_norm = optimizer_step(model, optimizer, scheduler, clip_norm, hooks.describe(state["step"] + 1))
-            state["step"] += 1
+            number = state["step"] + 1
+            where = hooks.describe(number)
+            if settings.deferred_checks:
+                grad_norm = optimizer_step(model, optimizer, scheduler, clip_norm, where, check=False)
+                unchecked.append(grad_norm)
+                if hooks.reads_at(number):
+                    _check_norms(unchecked, number, hooks.describe)
+                    unchecked = []
+            else:
+                grad_norm = optimizer_step(model, optimizer, scheduler, clip_norm, where)
+            state["step"] = number
             state["position"] += len(group)
             hooks.after_step(StepResult(state["step"], out, grad_norm, ntokens, position))
             if state["step"] >= steps:
@@ -118,3 +150,16 @@ def run_loop(model: SuperTransformer, optimizer: torch.optim.Optimizer,
         else:
             state["epoch"] += 1
             state["position"] = 0
+    if unchecked:
+        _check_norms(unchecked, state["step"], hooks.describe)
+
+
+def _check_norms(norms: list[torch.Tensor], last: int, describe: Callable[[int], str]) -> None:
+    """Raise FloatingPointError if a gradient norm of steps ``last - len(norms) + 1 .. last`` is not finite (one
+    host synchronisation for all of them)."""
+    finite = torch.isfinite(torch.stack(norms))
+    if bool(finite.all()):
+        return
+    first = last - len(norms) + 1 + int((~finite).nonzero()[0])
+    raise FloatingPointError(f"non-finite gradient norm at {describe(first)} (found at {describe(last)}: on CUDA "
+                             f"the norms are read at log, evaluation and checkpoint steps only); lower train.lr")

@@ -45,7 +45,7 @@ from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.io import atomic_path, atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer
-from nas.precision import autocast_for, resolve_precision
+from nas.precision import autocast_for, resolve_precision, training_device
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import SeqDistillStage, SweepSpec
@@ -134,7 +134,8 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     out_dir.mkdir(parents=True, exist_ok=True)
     rank, world = dist_info()
     main = rank == 0
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    settings = training_device(device)  # CUDA: TF32, fused Adam, pinned batches, no host sync per step
+    device = settings.device
     tr = spec.train
     torch.manual_seed(tr.seed)
     if tr.threads:
@@ -143,7 +144,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
     plan = tr.stage_plan
     model = build_supernet(spec, data.vocab_size).to(device)
-    optimizer = make_optimizer(model, tr.lr, tr.weight_decay)
+    optimizer = make_optimizer(model, tr.lr, tr.weight_decay, fused=settings.fused_adam)
     scheduler = make_scheduler(optimizer, tr.warmup_steps, [stage.steps for stage in plan])  # restarts per stage
     corpus = data.corpus("train")  # memory-mapped: the ranks of one machine share its pages
     batchers = {"train": TokenBatcher(corpus, tr.max_tokens, shuffle=True, seed=tr.seed)}
@@ -242,13 +243,17 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         if state["step"] % tr.checkpoint_every == 0:
             checkpoint()
 
+    def reads_at(step: int) -> bool:  # after_step reads losses or weights: logs, stage ends, checkpoints
+        return (step % tr.log_every == 0 or step == tr.steps or step % tr.checkpoint_every == 0
+                or stage_at(plan, step - 1).is_last_step)
+
     hooks = LoopHooks(stage_at=stage_of, corpus_at=lambda step: _corpus(plan, stage_at(plan, step)),
-                      batcher=batcher, after_step=after_step)
+                      batcher=batcher, after_step=after_step, reads_at=reads_at)
     model.train()
     with _progress(show) as bar:
         task = bar.add_task("train", total=tr.steps, completed=state["step"], info="")
         run_loop(model, optimizer, scheduler, state, hooks, steps=tr.steps, accumulate=tr.accumulate,
-                 clip_norm=tr.clip_norm, device=device, rank=rank, world=world)
+                 clip_norm=tr.clip_norm, device=settings, rank=rank, world=world)
     model.eval()
     if main:
         save_model(model, out_dir, SUPERNET)

@@ -35,14 +35,17 @@ def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float) -> torch.optim.Adam:
+def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, *, fused: bool = False) -> torch.optim.Adam:
     """Adam over all of ``model``'s parameters with the Transformer's ``betas=(0.9, 0.98)``, ``eps=1e-8``.
 
     Args:
         lr: peak learning rate (the schedule multiplies it).
         weight_decay: L2 penalty (Adam's coupled form).
+        fused: one fused kernel for all parameters (``DeviceSettings.fused_adam``: CUDA); else PyTorch's
+            default (foreach) implementation.
     """
-    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98), eps=1e-8, weight_decay=weight_decay,
+                            fused=True if fused else None)
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int,

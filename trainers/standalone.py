@@ -16,7 +16,7 @@ import torch
 
 from nas.data import PreparedData, TokenBatcher
 from nas.model.supernet import SuperTransformer
-from nas.precision import autocast_for, resolve_precision
+from nas.precision import autocast_for, resolve_precision, training_device
 from nas.space.arch import Arch
 from nas.space import SweepSpec
 from trainers.engine import LoopHooks, StepResult, run_loop
@@ -52,9 +52,10 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
         FloatingPointError: a non-finite gradient norm (names the step and the arch).
     """
     tr = spec.train
-    device = torch.device(device)
+    settings = training_device(device)  # CUDA: TF32, fused Adam, pinned batches, no host sync per step
+    device = settings.device
     model.to(device).train()
-    optimizer = make_optimizer(model, tr.lr if lr is None else lr, tr.weight_decay)
+    optimizer = make_optimizer(model, tr.lr if lr is None else lr, tr.weight_decay, fused=settings.fused_adam)
     scheduler = make_scheduler(optimizer, tr.warmup_steps if warmup_steps is None else warmup_steps)
     batcher = TokenBatcher(data.corpus("train"), tr.max_tokens, shuffle=True, seed=tr.seed)  # memory-mapped ids
     stage = StandaloneTraining(arch, spec, autocast_for(resolve_precision(tr.precision, device), device))
@@ -64,7 +65,7 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
         step = result.step
         losses.append(result.output.widest)
         if on_step is not None:
-            on_step(step, result.output.widest)
+            on_step(step, float(result.output.widest))
         if on_eval is not None and eval_every and (step % eval_every == 0 or step == steps):
             model.eval()
             with torch.no_grad():
@@ -73,11 +74,14 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
 
     hooks = LoopHooks(stage_at=lambda step: (stage, None), corpus_at=lambda step: "train",
                       batcher=lambda corpus: batcher, after_step=after_step,
-                      describe=lambda step: f"standalone step {step} of {arch.summary()}")
+                      describe=lambda step: f"standalone step {step} of {arch.summary()}",
+                      reads_at=lambda step: on_step is not None or bool(
+                          on_eval is not None and eval_every and (step % eval_every == 0 or step == steps)))
     t0 = time.perf_counter()
     state = {"step": 0, "epoch": 0, "position": 0, "corpus": "train"}
     run_loop(model, optimizer, scheduler, state, hooks, steps=steps, accumulate=tr.accumulate,
-             clip_norm=tr.clip_norm, device=device)
+             clip_norm=tr.clip_norm, device=settings)
+    tail = [float(loss) for loss in losses[-50:]]  # waits for the device: train_seconds counts all of its work
+    seconds = time.perf_counter() - t0
     model.eval()
-    tail = losses[-50:]
-    return {"train_loss": sum(tail) / max(len(tail), 1), "train_seconds": time.perf_counter() - t0}
+    return {"train_loss": sum(tail) / max(len(tail), 1), "train_seconds": seconds}

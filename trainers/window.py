@@ -27,13 +27,14 @@ class LossWindow:
         self.t0 = time.perf_counter()
 
     def add(self, out: StepOutput, ntokens: int) -> None:
-        """Add one step's per-token losses and its ``ntokens`` target tokens (all ranks)."""
+        """Add one step's per-token losses and its ``ntokens`` target tokens (all ranks); tensors are summed on
+        their device (read in :meth:`metrics`)."""
         for key, value in out.to_dict().items():
             self.sums[key] += value
         self.tokens += ntokens
         self.steps += 1
 
-    def metrics(self, optimizer: torch.optim.Optimizer, grad_norm: float, *, sampled: int,
+    def metrics(self, optimizer: torch.optim.Optimizer, grad_norm: float | torch.Tensor, *, sampled: int,
                 distilled: int) -> dict[str, float]:
         """Per-step means over the window, then :meth:`reset`.
 
@@ -42,9 +43,10 @@ class LossWindow:
         and ``loss_sampled`` (mean over ``sampled`` sub-Transformers per step) / ``loss_distill`` (over
         ``distilled`` students per step) when those are non-zero.
         """
+        s = {key: float(value) for key, value in self.sums.items()}  # the host waits for the device here only
+        grad_norm = float(grad_norm)
         seconds = time.perf_counter() - self.t0
         n = max(self.steps, 1)
-        s = self.sums
         metrics = {"train_loss": s["widest"] / n, "train_nll": s["nll"] / n,
                    "loss_widest": s["widest"] / n, "loss_narrowest": s["narrowest"] / n,
                    "tokens_per_s": self.tokens / max(seconds, 1e-9), "lr": optimizer.param_groups[0]["lr"],

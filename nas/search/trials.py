@@ -31,6 +31,7 @@ from ray import tune
 
 from nas import faults
 from nas.data import PreparedData
+from nas.errors import NasError
 from nas.eval.measure_lock import MeasureLock
 from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.io import atomic_write_text
@@ -41,7 +42,8 @@ from nas.space.constraints import violated
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
 
-__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "OPTUNA_TRIAL_KEY"]
+__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "latency_device",
+           "OPTUNA_TRIAL_KEY"]
 
 
 
@@ -81,6 +83,21 @@ def _predictor(path: str):
     return LatencyPredictor.load(path)
 
 
+def latency_device(named: str, scoring: torch.device) -> torch.device:
+    """The device ``search.latency_device`` (``named``) times on when the trial scores on ``scoring``.
+
+    Raises:
+        NasError: ``cuda`` named but the trial scores on no GPU (names the key and what to set).
+    """
+    if named == "trial":
+        return scoring
+    if named == "cuda" and scoring.type != "cuda":
+        raise NasError(f"search.latency_device: cuda, but this trial scores on {scoring}: Ray gave it no GPU or "
+                       f"torch sees none here; set search.gpu_per_trial > 0 on a GPU cluster, or latency_device: "
+                       f"trial or cpu")
+    return scoring if named == "cuda" else torch.device("cpu")
+
+
 def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData, *,
                lock: MeasureLock | None = None) -> dict[str, float]:
     """Score a sub-Transformer with inherited weights on the validation set.
@@ -88,7 +105,8 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
     ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and
     ``latency_ms``: with ``search.latency: measured``, the median ms to translate one sentence (batch size 1,
-    beam search, embeddings and output projection included) with the extracted sub-Transformer over the first
+    beam search, embeddings and output projection included) on ``search.latency_device``
+    (:func:`latency_device`) with the extracted sub-Transformer over the first
     ``search.latency_sentences`` validation sentences, each timed ``search.latency_repeats`` times after an
     untimed warm-up pass, on ``search.cpu_per_trial`` torch threads (:func:`nas.eval.latency.measure_latency`,
     as ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
@@ -105,6 +123,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 
     Raises:
         OSError: the lock's folder or files cannot be created or opened.
+        NasError: ``search.latency_device: cuda`` on a trial without a GPU.
     """
     from nas.eval.scores import encode_sources
     from nas.eval.latency import check_drift, measure_latency
@@ -130,6 +149,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     if se.latency == "predicted":
         metrics["latency_ms"] = predicted
         return metrics
+    sub = sub.to(latency_device(se.latency_device, next(model.parameters()).device))
     metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size,
                                             repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
                                             lock=lock)

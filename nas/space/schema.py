@@ -375,6 +375,11 @@ class SearchSpec(_Strict):
     latency_repeats: int = Field(3, ge=1)
     """Timed passes over the ``latency_sentences`` (after one untimed warm-up pass); ``latency_ms`` is the median
     of all ``latency_sentences * latency_repeats`` timings."""
+    latency_device: Literal["trial", "cpu", "cuda"] = "trial"
+    """Where ``latency_ms`` is timed: ``trial``, the device the trial scores on (its GPU with ``gpu_per_trial``
+    > 0, else the CPU); ``cpu``, the CPU even when the trial scores on a GPU (a model to be served on CPUs,
+    searched on a GPU cluster; timed on ``cpu_per_trial`` threads); ``cuda``, the trial's GPU
+    (``gpu_per_trial`` must be > 0)."""
     seed: int = 0
     max_failures: int = Field(0, ge=0)
     """Retries of a failing trial (Ray Tune ``FailureConfig(max_failures)``), for search trials and the
@@ -419,6 +424,9 @@ class SearchSpec(_Strict):
         if self.latency == "predicted" and self.latency_predictor is None:
             raise ValueError("latency: predicted needs latency_predictor: a file written by "
                              "`nas latency fit FILE --out PATH`; or set latency: measured")
+        if self.latency_device == "cuda" and self.gpu_per_trial <= 0:
+            raise ValueError("latency_device: cuda needs gpu_per_trial > 0 (a GPU for each trial); set "
+                             "gpu_per_trial, or latency_device: trial or cpu")
         if self.trials < len(self.points_to_evaluate):
             raise ValueError(f"points_to_evaluate has {len(self.points_to_evaluate)} points but trials={self.trials}; "
                              f"raise trials or drop points")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 
 from nas.search.searcher import OPTUNA_TRIAL_KEY, DurableOptunaSearch, StudyRef
 from nas.search.trials import DefineByRun, feasibility, score_arch
@@ -267,3 +268,40 @@ def test_the_front_is_taken_over_the_feasible_points_only():
     assert png.startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="3 points but 2 feasibility flags"):
         pareto_png(points, scan.front_flags(), objectives, feasible=[True, False])
+
+
+def test_latency_device_cuda_needs_a_gpu_per_trial():
+    from nas.space.schema import SearchSpec
+
+    with pytest.raises(ValueError, match=r"latency_device: cuda needs gpu_per_trial > 0"):
+        SearchSpec(latency_device="cuda")
+    assert SearchSpec(latency_device="cuda", gpu_per_trial=0.5).latency_device == "cuda"
+
+
+def test_latency_device_names_where_latency_is_timed_and_refuses_cuda_without_one():
+    from nas.errors import NasError
+    from nas.search.trials import latency_device
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    assert latency_device("trial", gpu) == gpu and latency_device("trial", cpu) == cpu
+    assert latency_device("cpu", gpu) == cpu and latency_device("cuda", gpu) == gpu
+    with pytest.raises(NasError, match=r"search.latency_device: cuda, but this trial scores on cpu"):
+        latency_device("cuda", cpu)
+
+
+def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
+    import nas.eval.latency as latency
+
+    raw, data, model, arch, _ = scored
+    seen = []
+    real = latency.measure_latency
+
+    def spy(sub, *args, **kw):
+        seen.append(next(sub.parameters()).device)
+        return real(sub, *args, **kw)
+
+    monkeypatch.setattr(latency, "measure_latency", spy)
+    spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_sentences": 2,
+                                         "latency_repeats": 1}})
+    assert score_arch(model, arch, spec, data)["latency_ms"] > 0
+    assert seen == [torch.device("cpu")]

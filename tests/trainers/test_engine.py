@@ -8,6 +8,7 @@ last ones go through :func:`trainers.train_standalone` and :func:`trainers.train
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 from contextlib import nullcontext
@@ -18,6 +19,7 @@ import torch
 
 from nas.builders import build_supernet, prepare_sweep_data
 from nas.data import TokenBatcher
+from nas.precision import DeviceSettings, device_settings
 from nas.space import parse_spec
 from nas.space.space import SearchSpace
 from tests.conftest import tiny_spec_dict
@@ -88,16 +90,16 @@ class Run:
         self.results = []
         self.after = lambda result: None
 
-    def run(self, steps: int, accumulate: int = ACCUMULATE) -> Run:
+    def run(self, steps: int, accumulate: int = ACCUMULATE, device=None, reads_at=lambda step: True) -> Run:
         def after_step(result):
             self.results.append(result)
             self.after(result)
 
         hooks = LoopHooks(stage_at=lambda step: (self.stage, None), corpus_at=self.corpus_at,
                           batcher=self.batchers.__getitem__, after_step=after_step,
-                          describe=lambda step: f"test step {step}")
+                          describe=lambda step: f"test step {step}", reads_at=reads_at)
         run_loop(self.model, self.optimizer, self.scheduler, self.state, hooks, steps=steps, accumulate=accumulate,
-                 clip_norm=self.spec.train.clip_norm, device=torch.device("cpu"))
+                 clip_norm=self.spec.train.clip_norm, device=device or torch.device("cpu"))
         return self
 
     def checkpoint(self) -> dict:
@@ -287,6 +289,95 @@ def test_the_loop_stops_at_a_non_finite_gradient_without_counting_the_step():
     assert run.state["step"] == 2 and len(run.results) == 2
 
 
+# ---- the CUDA path's settings, run on CPU (nas.precision.DeviceSettings) ------------------------------------
+
+DEFERRED = DeviceSettings(torch.device("cpu"), fused_adam=False, pin_memory=False, deferred_checks=True, tf32=False)
+"""CUDA's inner loop on CPU: no host synchronisation per step, the gradient norms checked at read steps only."""
+
+
+def test_cuda_gets_every_device_setting_and_cpu_none():
+    assert device_settings("cuda") == DeviceSettings(torch.device("cuda"), True, True, True, True)
+    assert device_settings("cpu") == DeviceSettings(torch.device("cpu"), False, False, False, False)
+
+
+def test_deferred_checks_take_exactly_the_steps_of_checked_ones_and_keep_the_losses_on_the_device():
+    spec = _spec()
+    checked = Run(spec).run(7)
+    deferred = Run(spec).run(7, device=DEFERRED, reads_at=lambda step: step % 3 == 0)
+    assert deferred.losses() == checked.losses()
+    assert [float(r.grad_norm) for r in deferred.results] == [float(r.grad_norm) for r in checked.results]
+    _assert_same_params(deferred.model, checked.model)
+    out = deferred.results[0].output
+    assert isinstance(out.widest, torch.Tensor) and out.widest.dtype == torch.float64  # not read back to the host
+    assert isinstance(deferred.results[0].grad_norm, torch.Tensor)
+
+
+def test_fused_adam_takes_the_steps_of_the_default_adam_up_to_rounding():
+    spec = _spec()
+    default = Run(spec).run(5)
+    fused = Run(spec)
+    fused.optimizer = make_optimizer(fused.model, spec.train.lr, spec.train.weight_decay, fused=True)
+    fused.scheduler = make_scheduler(fused.optimizer, spec.train.warmup_steps)
+    fused.stage.optimizer = fused.optimizer
+    start = copy.deepcopy(fused.model.state_dict())
+    fused.run(5, device=dataclasses.replace(DEFERRED, fused_adam=True))
+    assert any(group.get("fused") for group in fused.optimizer.param_groups)
+    moved = max(float((p - start[name]).abs().max()) for name, p in fused.model.named_parameters())
+    assert moved > 5e-3  # 5 steps at lr 2e-3 moved the weights 50x the tolerance below
+    for (name, p), q in zip(fused.model.named_parameters(), default.model.parameters()):
+        # atol: the key projection's bias has a zero true gradient (softmax ignores it), so Adam's m/sqrt(v) of
+        # its rounding noise differs by up to ~4e-5 between the two implementations; every other weight by 1e-7
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def test_deferred_checks_raise_at_the_next_read_step_naming_the_first_bad_step_before_its_hooks():
+    spec = _spec()
+    run = Run(spec)
+    inner = run.stage.step
+
+    def poisoned(model, batches, step):
+        out = inner(model, batches, step)
+        if step.step == 2:  # the third step
+            next(model.parameters()).grad.fill_(float("inf"))
+        return out
+
+    run.stage.step = poisoned
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient norm at test step 3 \(found at test step 4"):
+        run.run(8, device=DEFERRED, reads_at=lambda step: step % 4 == 0)
+    assert [r.step for r in run.results] == [1, 2, 3]  # step 4's hooks (its log or checkpoint) never ran
+
+
+def test_deferred_checks_check_the_last_steps_when_the_loop_ends_between_read_steps():
+    run = Run(_spec())
+    inner = run.stage.step
+
+    def poisoned(model, batches, step):
+        out = inner(model, batches, step)
+        if step.step == 4:
+            next(model.parameters()).grad.fill_(float("nan"))
+        return out
+
+    run.stage.step = poisoned
+    with pytest.raises(FloatingPointError, match="non-finite gradient norm at test step 5"):
+        run.run(5, device=DEFERRED, reads_at=lambda step: False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_inner_loop_never_waits_for_the_device():
+    spec = _spec()
+    run = Run(spec)
+    run.model.cuda()
+    run.optimizer = make_optimizer(run.model, spec.train.lr, spec.train.weight_decay, fused=True)
+    run.scheduler = make_scheduler(run.optimizer, spec.train.warmup_steps)
+    run.stage = run.stage.inner  # Recording reads the gradients
+    run.run(2, device=device_settings("cuda"))  # warm-up: allocations
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run.run(6, device=device_settings("cuda"), reads_at=lambda step: False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_the_loop_reports_the_norm_before_clipping_and_steps_with_the_clipped_gradients():
     spec = _spec(clip_norm=0.01)
     run = Run(spec)
@@ -411,3 +502,24 @@ def test_a_supernet_run_killed_between_checkpoints_resumes_with_the_same_step_lo
     assert sorted(want) == list(range(1, 8))
     assert per_step(killed) == {s: want[s] for s in range(1, 6)}
     assert per_step(resumed) == {s: want[s] for s in range(4, 8)}
+
+
+def test_a_supernet_run_with_cudas_deferred_checks_logs_what_a_checked_run_logs(prepared, tmp_path, monkeypatch):
+    """trainers.loop with the CUDA path's loop settings on CPU: the same logged losses, norms and rates at the
+    log steps, and the same checkpoint (its norms read before each checkpoint and log step)."""
+    raw, data = prepared
+    spec = parse_spec({**raw, "train": {**raw["train"], "steps": 7, "log_every": 2}})
+    keys = ("train_loss", "loss_narrowest", "loss_sampled", "grad_norm", "lr")
+
+    def run(folder):
+        reports = []
+        train_supernet(spec, data, tmp_path / folder, report=reports.append, progress=False)
+        return {r["step"]: tuple(r[k] for k in keys) for r in reports if "train_loss" in r and "stage" in r}
+
+    checked = run("checked")
+    monkeypatch.setattr("trainers.loop.training_device", lambda device=None: DEFERRED)
+    deferred = run("deferred")
+    assert sorted(checked) == [2, 4, 6, 7] and deferred == checked
+    a, b = (torch.load(tmp_path / f / "checkpoint.pt", weights_only=True) for f in ("checked", "deferred"))
+    for name, p in a["model"].items():
+        assert torch.equal(p, b["model"][name]), name

@@ -242,7 +242,7 @@ def test_accumulated_batches_give_the_gradient_of_their_union(prepared, lam):
     for name in g_whole:
         assert torch.allclose(g_split[name], g_whole[name], atol=1e-5, rtol=1e-4), name
     for key in ("widest", "narrowest", "sampled", "distill"):
-        assert getattr(split, key) == pytest.approx(getattr(whole, key), rel=1e-5, abs=1e-7)
+        assert float(getattr(split, key)) == pytest.approx(float(getattr(whole, key)), rel=1e-5, abs=1e-7)
 
 
 def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepared, tmp_path):

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Protocol
 
 import random
+
+import torch
 
 from nas.data import Batch
 from nas.model.supernet import SuperTransformer
@@ -79,23 +81,24 @@ class StepInfo:
 @dataclass(frozen=True)
 class StepOutput:
     """Per-token losses of one step (nats), each summed over the batches of the step and divided by
-    :attr:`StepInfo.ntokens`; label-smoothed cross-entropy against the step's targets except ``distill``."""
+    :attr:`StepInfo.ntokens`; label-smoothed cross-entropy against the step's targets except ``distill``.
+    Each is a float or a 0-dim tensor on the training device (no host synchronisation until it is read)."""
 
-    widest: float = 0.0
+    widest: float | torch.Tensor = 0.0
     """The first sub-Transformer's (the widest's; in standalone training the only one's) label-smoothed loss."""
-    nll: float = 0.0
+    nll: float | torch.Tensor = 0.0
     """The first sub-Transformer's unsmoothed negative log-likelihood."""
-    narrowest: float = 0.0
+    narrowest: float | torch.Tensor = 0.0
     """The second sub-Transformer's (the narrowest's) loss."""
-    sampled: float = 0.0
+    sampled: float | torch.Tensor = 0.0
     """Sum over the randomly sampled sub-Transformers' losses."""
-    distill: float = 0.0
+    distill: float | torch.Tensor = 0.0
     """Sum over the students of the cross-entropy against the widest's word distribution (Scalable
     Transformers sec. 3.3); 0 in a stage without distillation."""
 
-    def to_dict(self) -> dict[str, float]:
+    def to_dict(self) -> dict[str, float | torch.Tensor]:
         """The five losses by field name (what the data-parallel all-reduce sums)."""
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # not asdict: it deep-copies tensors
 
 
 class Stage(Protocol):

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 
+import torch
+
 from nas.data import Batch
 from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
@@ -33,12 +35,14 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     step (all accumulated batches, all data-parallel ranks), so the gradient is the step's per-token mean.
     Each forward pass runs under :func:`~trainers.regularization.step_regularization` of ``step`` (0-based
     optimizer step) and its arch. ``penalty``: add MUTE's eq. 20 term (once per step: on the first batch).
+    The losses returned are 0-dim float64 tensors on the model's device (read them with ``float``): nothing
+    here waits for the device.
 
     Raises:
         ValueError: ``train.width_dropout`` has no rate for an arch's model width; ``lam`` outside [0, 1].
     """
     tr = spec.train
-    out = {"widest": 0.0, "nll": 0.0, "narrowest": 0.0, "sampled": 0.0, "distill": 0.0}
+    out: dict[str, float | torch.Tensor] = dict.fromkeys(("widest", "nll", "narrowest", "sampled", "distill"), 0.0)
     for b, batch in enumerate(batches):
         teacher = None
         for i, arch in enumerate(archs):
@@ -51,12 +55,18 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
             else:
                 objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing)
                 objective = objective / ntokens
-                out["distill"] += float(soft.detach()) / ntokens
+                out["distill"] += _per_token(soft, ntokens)
             if i == 0:
                 teacher = logits.detach() if lam is not None else None
-                out["nll"] += float(nll.detach()) / ntokens
+                out["nll"] += _per_token(nll, ntokens)
                 if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
                     objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
             objective.backward()
-            out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += float(loss.detach()) / ntokens
+            out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += _per_token(loss, ntokens)
     return StepOutput(**out)
+
+
+def _per_token(loss: torch.Tensor, ntokens: int) -> torch.Tensor:
+    """A summed loss per target token, float64 on the loss's device: no host synchronisation (the loop reads it
+    at log steps), and the same value as Python's ``float(loss) / ntokens`` had."""
+    return loss.detach().double() / ntokens
