@@ -221,10 +221,11 @@ class MultiBranchAttention(nn.Module):
         causal = None
         if memory is None:
             if t == 1:
-                q, k, v = apply(xs, w.proj).view(groups, bsz, 3, heads, -1).unbind(2)  # each [G, b, B*h, dh]
+                qkv = apply(xs, w.proj).view(groups, bsz, 3, heads, -1)  # [G, b, 3, B*h, dh]
+                q = qkv[:, :, 0]  # [G, b, B*h, dh]
                 if values is not None:  # branch 0's values [G, b, 1, D]
-                    values.append(v[:, :, :per_branch].reshape(groups, bsz, 1, -1))
-                kt, v = cache.step(k, v)  # [N, dh, T], [N, T, dh]
+                    values.append(qkv[:, :, 2, :per_branch].reshape(groups, bsz, 1, -1))
+                kt, v = cache.step(qkv[:, :, 1:])  # [N, dh, T], [N, T, dh]
             else:
                 qkv = apply(xs, w.proj).view(groups, bsz, t, 3, heads, -1).permute(3, 0, 1, 4, 2, 5)
                 q, k, v = qkv.unbind(0)  # each [G, b, B*h, t, dh]

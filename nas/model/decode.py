@@ -41,6 +41,7 @@ class IncrementalDecoder:
         for layer, dims in zip(model.decoder, self.dims):
             layer.check_layout(dims)
         self.caches = [LayerCache(max(max_len, 1)) for _ in self.dims]
+        self.layers = tuple(model.decoder)  # not model.decoder at every step: Module.__getattr__
         self.memory = memory  # [n, s, C]
         self.src_pad = src_pad if src_pad is not None and bool(src_pad.any()) else None  # [n, s]
 
@@ -54,7 +55,7 @@ class IncrementalDecoder:
         """
         model, pos = self.model, self.pos
         x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, t, C]
-        for layer, dims, cache in zip(model.decoder, self.dims, self.caches):
+        for layer, dims, cache in zip(self.layers, self.dims, self.caches):
             x = layer.forward(x, self.memory, dims, self.src_pad, cache=cache)  # no hooks: skip Module.__call__
         self.pos = pos + tokens.size(1)
         return model.output_logits(x[:, -1])  # [n, V]

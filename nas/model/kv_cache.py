@@ -36,6 +36,7 @@ class KVCache:
         self.k, self.v = k, v
         self.length = 0 if k is None else k.size(3)  # filled positions
         self.memo: dict = {}
+        self._kv: torch.Tensor | None = None  # preallocated storage: [2, G, n, B*h, T_max, dh], k and v its halves
         self._flat: tuple[torch.Tensor, torch.Tensor] | None = None  # k, v as [N, T_max, dh] (preallocated storage)
 
     @property
@@ -57,33 +58,42 @@ class KVCache:
             self.set(k, v)
             return k, v
         start, end = self.length, self.length + k.size(3)
-        if self.k is None:
-            shape = (*k.shape[:3], max(self.capacity, end), k.size(4))
-            self.k, self.v = k.new_zeros(shape), v.new_zeros(shape)  # [G, n, B*h, T_max, dh]
-            self._flat = None
-        while end > self.k.size(3):  # grow the buffers (doubling)
-            self.k, self.v = (torch.cat([b, torch.zeros_like(b)], 3) for b in (self.k, self.v))
-            self._flat = None
+        self._reserve(k, end)
         self.k.narrow(3, start, end - start).copy_(k)
         self.v.narrow(3, start, end - start).copy_(v)
         self.length = end
         return self.k.narrow(3, 0, end), self.v.narrow(3, 0, end)
 
-    def step(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add one position ``k, v [G, n, B*h, dh]``; return every position so far as the two operands of
+    def _reserve(self, k: torch.Tensor, end: int) -> None:
+        """Preallocated storage: make the buffers hold ``end`` positions (allocate, or double until they do). Keys
+        and values share one buffer ``[2, G, n, B*h, T_max, dh]`` (:attr:`k`, :attr:`v` its two halves), so a
+        step writes both with one copy (:meth:`step`)."""
+        if self.k is None:
+            kv = k.new_zeros((2, *k.shape[:3], max(self.capacity, end), k.size(4)))
+        elif end > self.k.size(3):
+            kv = self._kv
+            while end > kv.size(4):
+                kv = torch.cat([kv, torch.zeros_like(kv)], 4)
+        else:
+            return
+        self._kv, self.k, self.v = kv, kv[0], kv[1]
+        self._flat = None
+
+    def step(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add one position's keys and values ``kv [G, n, 2, B*h, dh]`` (keys at index 0 of axis 2, as the
+        self-attention's projection lays them out); return every position so far as the two operands of
         :func:`~nas.model.ops.attend_cached`: keys transposed ``[N, dh, T]`` and values ``[N, T, dh]``
-        (N = G*n*B*h; views of the buffers with preallocated storage)."""
+        (N = G*n*B*h; views of the buffer with preallocated storage)."""
         if not self.capacity:
-            k, v = self.append(k.unsqueeze(3), v.unsqueeze(3))
+            k, v = kv.unsqueeze(4).unbind(2)
+            k, v = self.append(k, v)
             return k.flatten(0, 2).transpose(1, 2), v.flatten(0, 2)
         pos = self.length
         if self.k is None or pos >= self.k.size(3):
-            self.append(k.unsqueeze(3), v.unsqueeze(3))  # allocates or grows the buffers
-        else:
-            self.k.select(3, pos).copy_(k)
-            self.v.select(3, pos).copy_(v)
-            self.length = pos + 1
-        if self._flat is None:  # views of the buffers, rebuilt only when they are replaced
+            self._reserve(kv.select(2, 0).unsqueeze(3), pos + 1)  # allocates or grows the buffer
+        self._kv.select(4, pos).copy_(kv.permute(2, 0, 1, 3, 4))  # keys and values: one copy
+        self.length = pos + 1
+        if self._flat is None:  # views of the buffer, rebuilt only when it is replaced
             self._flat = self.k.flatten(0, 2), self.v.flatten(0, 2)  # [N, T_max, dh]
         kf, vf = self._flat
         return kf[:, :pos + 1].transpose(1, 2), vf[:, :pos + 1]
@@ -92,13 +102,15 @@ class KVCache:
         """Keep rows ``index [n']`` (beam search's surviving hypotheses, or the sentences left)."""
         if self.k is None:
             return
-        if self.capacity and index.numel() == self.k.size(1):  # same row count: the filled prefix in place
+        if self.capacity:
             n = self.length
-            self.k[:, :, :, :n] = self.k[:, :, :, :n].index_select(1, index)
-            self.v[:, :, :, :n] = self.v[:, :, :, :n].index_select(1, index)
+            if index.numel() == self.k.size(1):  # same row count: the filled prefix in place, keys and values at once
+                self._kv[:, :, :, :, :n] = self._kv[:, :, :, :, :n].index_select(2, index)
+            else:
+                self._kv = self._kv.index_select(2, index)
+                self.k, self.v, self._flat = self._kv[0], self._kv[1], None
         else:
             self.k, self.v = self.k.index_select(1, index), self.v.index_select(1, index)
-            self._flat = None
         for key in ("bias", "kv"):  # views of the rows: rebuilt from the kept rows
             self.memo.pop(key, None)
 

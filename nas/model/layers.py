@@ -266,9 +266,10 @@ class DecoderLayer(_UnifiedLayer):
                         units=units, dropout=attn_p)
         memo = None if cache is None else cache.memo
         # Incremental decoding calls the sublayers' forward directly: Module.__call__'s hook checks cost
-        # about 10 us a call, a tenth of a cached step (benchmarks/bench_decode.py); nothing hooks them.
-        self_attn, cross_attn = ((self.self_attn, self.cross_attn) if cache is None
-                                 else (self.self_attn.forward, self.cross_attn.forward))
+        # about 10 us a call, a tenth of a cached step (benchmarks/bench_decode.py); nothing hooks them. It also
+        # keeps the sublayers in its memo: each Module.__getattr__ costs about 1 us, ~30 of them a step.
+        self_attn, cross_attn, self_paths, cross_paths, ffn_paths, ffn = (
+            self._sublayers() if memo is None else memoized(memo, "sublayers", self._sublayers, True))
         if dims.layout == "prime":
             values: list = []
             total = xu + drop(self_attn(xu, values=values, **self_kw), p)
@@ -278,9 +279,14 @@ class DecoderLayer(_UnifiedLayer):
                 total = total + drop(conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
             total = self._prime_ffn(total, xu, dims, keeps[-1], p, memo)
             return self._combine(self._prime_norm(total, memo), dims, memo)
-        paths = self.self_attn_paths
-        xu = paths.fuse(xu, drop(self_attn(paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
-        paths = self.cross_attn_paths
-        xu = paths.fuse(xu, drop(cross_attn(paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
-        ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p, memo), p)
-        return self._combine(self.ffn_paths.fuse(xu, ys, keeps[-1]), dims, memo)
+        xu = self_paths.fuse(xu, drop(self_attn(self_paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
+        xu = cross_paths.fuse(xu, drop(cross_attn(cross_paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
+        ys = drop(path_ffn(ffn_paths, ffn, xu, dims.ffn_width, n_paths, p, memo), p)
+        return self._combine(ffn_paths.fuse(xu, ys, keeps[-1]), dims, memo)
+
+    def _sublayers(self, bare: bool = False) -> tuple:
+        """(self-attention, cross-attention, their path fusions, the FFN's, the FFN); ``bare``: the attentions'
+        ``forward`` (no ``Module.__call__``). A Prime-only layer has no path fusions (None)."""
+        attn = (self.self_attn.forward, self.cross_attn.forward) if bare else (self.self_attn, self.cross_attn)
+        paths = tuple(getattr(self, f"{name}_paths", None) for name in ("self_attn", "cross_attn", "ffn"))
+        return (*attn, *paths, self.ffn)

@@ -23,4 +23,5 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [b, t]
     smooth = -lprobs.mean(-1)  # [b, t]
     loss = (1.0 - epsilon) * nll + epsilon * smooth
-    return loss[mask].sum(), nll[mask].sum()
+    # masked_fill, not loss[mask]: boolean indexing sizes its output from the data, a host synchronisation on CUDA
+    return loss.masked_fill(~mask, 0.0).sum(), nll.masked_fill(~mask, 0.0).sum()
