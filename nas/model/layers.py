@@ -249,10 +249,11 @@ class DecoderLayer(_UnifiedLayer):
         Raises:
             ValueError: ``dims.layout`` is not built in this layer.
         """
-        self.check_layout(dims)
+        if cache is None or not cache.memo:  # a cached step after the first one: checked at the first
+            self.check_layout(dims)
         units, nb = dims.units, dims.branches
         n_paths = dims.paths if dims.layout == "sequential" else 1
-        xu = self._unit_inputs(x, dims, None)  # [U, b, t, C]
+        xu = x[None] if units == 1 else self._unit_inputs(x, dims, None)  # [U, b, t, C]
         if cache is None:
             reg = reg or _NONE
             p, attn_p = reg.dropout, reg.attention_dropout

@@ -160,7 +160,8 @@ class SuperTransformer(nn.Module):
         t = tokens.size(1)
         if offset + t > self.max_positions:
             raise ValueError(f"sequence of {offset + t} tokens exceeds max_positions={self.max_positions}")
-        x = self.embed(tokens) * math.sqrt(self.embed_dim) + self.positions[offset:offset + t]
+        embed = self.embed  # F.embedding, not the module's __call__: a cached decoding step calls this once
+        x = F.embedding(tokens, embed.weight, embed.padding_idx) * math.sqrt(self.embed_dim) + self.positions[offset:offset + t]
         if self.io_projection:
             x = F.linear(x, self.proj_in.weight[:width], self.proj_in.bias[:width])
         return drop(x, p)
