@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nas.data import PreparedData, prepare_data
+from nas.data import EncodersFactory, PreparedData, prepare_data
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
@@ -69,8 +69,10 @@ def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
     return SuperTransformer.from_config(supernet_config(spec, vocab_size))
 
 
-def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
-    """Tokenize the sweep's corpus (cached by content hash under ``data.cache_dir``).
+def prepare_sweep_data(spec: SweepSpec, progress: bool = True,
+                       encoders: EncodersFactory | None = None) -> PreparedData:
+    """Tokenize the sweep's corpus (cached by content hash under ``data.cache_dir``); ``encoders``: where the
+    shards are encoded (default: this machine's cores; :func:`nas.data.prepare_data`).
 
     Raises:
         DataError: a data file is missing, unreadable or misaligned (names it).
@@ -79,7 +81,7 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True) -> PreparedData:
     return prepare_data(d.train.src, d.train.tgt, d.valid.src, d.valid.tgt, d.tokenizer.vocab_size,
                         Path(d.cache_dir).resolve(),  # absolute: Ray trials run in their own folders
                         max_train_pairs=d.max_train_pairs, max_valid_pairs=d.max_valid_pairs, max_len=d.max_len,
-                        seed=spec.train.seed, progress=progress)
+                        seed=spec.train.seed, progress=progress, encoders=encoders)
 
 
 def build_sampler(search: SearchSpec, seed_offset: int = 0) -> "optuna.samplers.BaseSampler":

@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -637,7 +637,7 @@ def _shard_path(work: Path, shard: int) -> Path:
     return work / f"shard-{shard:05d}.arrow"
 
 
-def _encode_pairs(sp: spm.SentencePieceProcessor, src_lines: list[str], tgt_lines: list[str],
+def encode_pairs(sp: spm.SentencePieceProcessor, src_lines: list[str], tgt_lines: list[str],
                   max_len: int) -> pa.Table:
     """Encode raw lines (stripped here) and keep the pairs whose sides both have 1 to ``max_len`` ids;
     a table with columns ``src``, ``tgt``: list<int32>."""
@@ -653,8 +653,9 @@ def _encode_pairs(sp: spm.SentencePieceProcessor, src_lines: list[str], tgt_line
     return pa.table(columns).filter(pa.array(keep))
 
 
-def _write_shard(work: Path, shard: int, table: pa.Table) -> int:
-    """Write a shard atomically (uncompressed Arrow IPC); returns its rows."""
+def write_shard(work: Path, shard: int, table: pa.Table) -> int:
+    """Write shard ``shard`` of a preparation's work folder atomically (uncompressed Arrow IPC, the table of
+    :func:`encode_pairs`); returns its rows."""
     with atomic_path(_shard_path(work, shard)) as tmp:
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
@@ -694,11 +695,33 @@ def _serve_encoding() -> None:
         except EOFError:
             return
         try:
-            answer = ("ok", _write_shard(work, shard, _encode_pairs(sp, src_lines, tgt_lines, max_len)))
+            answer = ("ok", write_shard(work, shard, encode_pairs(sp, src_lines, tgt_lines, max_len)))
         except Exception as e:  # noqa: BLE001 - reported to the preparing process, which raises it
             answer = ("error", f"{type(e).__name__}: {e}")
         pickle.dump(answer, answers)
         answers.flush()
+
+
+class ShardEncoders(Protocol):
+    """Where :func:`prepare_data` encodes its shards: the local worker processes (:class:`_Encoders`) or a Ray
+    cluster (:class:`nas.search.ray_encode.RayEncoders`). Each finished shard ends up as
+    :func:`write_shard`'s file in the work folder; at most a bounded number are in flight."""
+
+    def submit(self, shard: int, src_lines: list[str], tgt_lines: list[str]) -> list[int]:
+        """Hand over one shard's raw lines; returns the sizes (pairs) of the shards finished meanwhile."""
+        ...
+
+    def drain(self) -> Iterator[int]:
+        """Yield the sizes of the remaining shards as they finish."""
+        ...
+
+    def close(self) -> None:
+        """Release the workers (stop what is unfinished)."""
+        ...
+
+
+EncodersFactory = Callable[[Path, Path, int], ShardEncoders]
+"""``(spm.model path, work folder, max_len) -> ShardEncoders``: :func:`prepare_data`'s ``encoders``."""
 
 
 class _Encoders:
@@ -789,13 +812,14 @@ def _shard_lines(src: Path, tgt: Path, plan: _Plan, todo: list[int]) -> Iterator
 
 
 def _encode_shards(work: Path, plan: _Plan, src: Path, tgt: Path, max_len: int, say: Callable[[str], None],
-                   progress: bool) -> None:
+                   progress: bool, encoders: EncodersFactory | None = None) -> None:
     """Encode the shards missing from ``work`` (the others were finished by an earlier run and are reused).
 
     One worker process per core (:class:`_Encoders`, each loading ``spm.model``) when at least
     ``_POOL_MIN_PAIRS`` pairs are left, else this process; this process streams the files and hands
     ``_SHARD_PAIRS`` raw lines per side to a worker, at most two shards per worker in flight (bounded
-    memory). Each shard is written atomically; the kill point ``data_prepare`` is passed after each one.
+    memory). With ``encoders`` (e.g. a Ray cluster's), every shard goes to them instead. Each shard is
+    written atomically; the kill point ``data_prepare`` is passed after each one.
     """
     todo = [shard for shard in range(plan.shards) if not _shard_path(work, shard).is_file()]
     if len(todo) < plan.shards:
@@ -803,8 +827,9 @@ def _encode_shards(work: Path, plan: _Plan, src: Path, tgt: Path, max_len: int, 
     if not todo:
         return
     pairs = sum(plan.size(shard) for shard in todo)
-    workers = min(_cpus(), len(todo)) if pairs >= _POOL_MIN_PAIRS else 1
-    say(f"encoding {pairs} training pairs ({len(todo)} shards) in {workers} process{'es' if workers > 1 else ''}…")
+    workers = min(_cpus(), len(todo)) if pairs >= _POOL_MIN_PAIRS and encoders is None else 1
+    where = f"in {workers} process{'es' if workers > 1 else ''}" if encoders is None else "on the Ray cluster"
+    say(f"encoding {pairs} training pairs ({len(todo)} shards) {where}…")
     columns = (TextColumn("[bold]encoding"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=_console, disable=not progress) as bar:
         task = bar.add_task("encode", total=pairs)
@@ -813,21 +838,22 @@ def _encode_shards(work: Path, plan: _Plan, src: Path, tgt: Path, max_len: int, 
             bar.advance(task, size)
             faults.kill_point("data_prepare")  # tests only: a kill with some shards finished
 
-        if workers == 1:
+        if workers == 1 and encoders is None:
             sp = spm.SentencePieceProcessor(model_file=str(work / "spm.model"))
             for shard, a, b in _shard_lines(src, tgt, plan, todo):
-                _write_shard(work, shard, _encode_pairs(sp, a, b, max_len))
+                write_shard(work, shard, encode_pairs(sp, a, b, max_len))
                 finished(len(a))
             return
-        encoders = _Encoders(workers, work / "spm.model", work, max_len)
+        pool = (encoders or (lambda model, folder, n: _Encoders(workers, model, folder, n)))(
+            work / "spm.model", work, max_len)
         try:
             for shard, a, b in _shard_lines(src, tgt, plan, todo):
-                for size in encoders.submit(shard, a, b):
+                for size in pool.submit(shard, a, b):
                     finished(size)
-            for size in encoders.drain():
+            for size in pool.drain():
                 finished(size)
         finally:
-            encoders.close()
+            pool.close()
 
 
 def _map_ipc(path: Path) -> tuple[pa.MemoryMappedFile, pa.RecordBatch | pa.Table]:
@@ -916,7 +942,8 @@ def _train_tokenizer(work: Path, scan: _Scan, vocab_size: int, seed: int, say: C
 
 
 def _build(tmp: Path, work: Path, paths: list[Path], scan: Callable[[], _Scan], valid: _Scan, vocab_size: int,
-           max_len: int, seed: int, say: Callable[[str], None], progress: bool) -> dict[str, int]:
+           max_len: int, seed: int, say: Callable[[str], None], progress: bool,
+           encoders: EncodersFactory | None = None) -> dict[str, int]:
     """Fill ``tmp`` (the entry's final contents) from the work folder, encoding what is missing; return counts.
 
     The work folder keeps the tokenizer, the plan and the encoded shards across runs: a killed
@@ -929,7 +956,7 @@ def _build(tmp: Path, work: Path, paths: list[Path], scan: Callable[[], _Scan], 
     plan = _read_plan(work)
     if plan is None:
         plan = _train_tokenizer(work, scan(), vocab_size, seed, say)
-    _encode_shards(work, plan, paths[0], paths[1], max_len, say, progress)
+    _encode_shards(work, plan, paths[0], paths[1], max_len, say, progress, encoders)
     say(f"writing {tmp.name}/train.arrow…")
     kept = _assemble(work, plan, tmp / "train.arrow")
     if not kept:
@@ -1009,6 +1036,7 @@ def prepare_data(
     max_len: int = 128,
     seed: int = 0,
     progress: bool = True,
+    encoders: EncodersFactory | None = None,
 ) -> PreparedData:
     """Tokenize a parallel corpus into a cached, content-addressed folder, streaming (memory independent of
     the corpus size) and resumable.
@@ -1021,7 +1049,9 @@ def prepare_data(
        pair when there are fewer).
     2. ONE joint unigram SentencePiece model is trained on the sample's source and target lines.
     3. A second pass encodes the pairs in shards of ``_SHARD_PAIRS`` on all cores (a process per core,
-       each loading the model, for ``_POOL_MIN_PAIRS`` pairs or more). Training pairs with an empty side or
+       each loading the model, for ``_POOL_MIN_PAIRS`` pairs or more), or wherever ``encoders`` (a
+       :data:`EncodersFactory`, e.g. :class:`nas.search.ray_encode.RayEncoders` on a Ray cluster) puts them;
+       the result is the same. Training pairs with an empty side or
        a side longer than ``max_len`` tokens (BOS/EOS not counted) are dropped.
     4. The shards are concatenated into ``train.arrow`` (uncompressed Arrow IPC, ``large_list<int32>``
        columns ``src``, ``tgt``, memory-mapped by :meth:`PreparedData.corpus`); the validation pairs are
@@ -1082,7 +1112,7 @@ def prepare_data(
         tmp = Path(tempfile.mkdtemp(prefix=f"{root.name}.tmp-", dir=cache_dir))
         try:
             stats = _build(tmp, work, paths, lambda: train or scan_train(), valid, vocab_size, max_len, seed, say,
-                           progress)
+                           progress, encoders)
             (tmp / _DONE).write_text(json.dumps({**settings, **stats}, indent=2) + "\n")
             tmp.chmod(0o755)  # mkdtemp makes it private; the published cache is shared
             faults.kill_point("data_prepare")  # tests only: a kill with the folder filled, not yet published

@@ -317,13 +317,13 @@ def test_a_killed_preparation_resumes_from_its_finished_shards(files, prepared, 
     kept = {p.name: p.stat().st_mtime_ns for p in work.iterdir()}
 
     encoded = []
-    real_encode = data_module._encode_pairs
+    real_encode = data_module.encode_pairs
     monkeypatch.setattr(data_module, "_SHARD_PAIRS", 50)  # ignored on resume: the plan says 200
-    monkeypatch.setattr(data_module, "_encode_pairs", lambda *a: encoded.append(len(a[1])) or real_encode(*a))
+    monkeypatch.setattr(data_module, "encode_pairs", lambda *a: encoded.append(len(a[1])) or real_encode(*a))
     monkeypatch.setattr(data_module.Tokenizer, "train", lambda *a, **k: pytest.fail("the tokenizer was retrained"))
-    original_write = data_module._write_shard
+    original_write = data_module.write_shard
     rewritten = []
-    monkeypatch.setattr(data_module, "_write_shard",
+    monkeypatch.setattr(data_module, "write_shard",
                         lambda w, shard, table: rewritten.append(shard) or original_write(w, shard, table))
 
     def check_work_folder(*args):  # before publication: the finished shards were not touched

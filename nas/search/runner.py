@@ -31,6 +31,8 @@ from rich.console import Console
 from nas.errors import NotFoundError
 from nas import faults, tracking
 from nas.builders import prepare_sweep_data
+from nas.data import EncodersFactory
+from nas.search.ray_encode import RayEncoders
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, study_trials
@@ -171,8 +173,8 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
 # --------------------------------------------------------------------------- Ray
 
 
-def _init_ray(spec: SweepSpec, address: str | None) -> bool:
-    """Start (or join) Ray; returns whether we started it. Raises SpecError when resources can't fit."""
+def _connect(address: str | None) -> bool:
+    """Start (or join) Ray unless it runs in this process already; returns whether this call connected."""
     if ray.is_initialized():
         return False
     kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
@@ -180,6 +182,23 @@ def _init_ray(spec: SweepSpec, address: str | None) -> bool:
         ray.init(address=address, **kwargs)
     else:
         ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)  # a new local Ray, never a stray running one
+    return True
+
+
+def _cluster_encoders(address: str, connected: list[bool]) -> EncodersFactory:
+    """``--address``: the data's shards are encoded on the cluster (:class:`~nas.search.ray_encode.RayEncoders`),
+    connecting to it only when there is something to encode (``connected`` records whether that connected)."""
+    def make(model: Path, work: Path, max_len: int) -> RayEncoders:
+        connected.append(_connect(address))
+        return RayEncoders(model, work, max_len)
+    return make
+
+
+def _init_ray(spec: SweepSpec, address: str | None, connected: bool = False) -> bool:
+    """Start (or join) Ray; returns whether we started it (``connected``: the data preparation did). Raises
+    SpecError when resources can't fit."""
+    if not _connect(address) and not connected:
+        return False
     cpus = ray.cluster_resources().get("CPU", 0)
     res = spec.resources
     for key, need in (("resources.cpu", res.cpu), ("search.cpu_per_trial", spec.search.cpu_per_trial),
@@ -233,7 +252,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
 def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, resume: bool) -> SweepResult:
     """:func:`run_sweep` with the run folder's lock held."""
     run_dir = spec.run_dir.resolve()
-    data = prepare_sweep_data(spec)
+    connected: list[bool] = []  # whether encoding the data on the cluster connected to Ray
+    data = prepare_sweep_data(spec, encoders=_cluster_encoders(address, connected) if address else None)
     supernet_dir = run_dir / "supernet"
     check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
     record, resumed = _sweep_record(spec, spec_path, must_exist=resume)
@@ -244,7 +264,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
         _write_record(spec, spec_path, record)
     if resumed:
         console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
-    started_ray = _init_ray(spec, address)
+    started_ray = _init_ray(spec, address, connected=any(connected))
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
             "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
