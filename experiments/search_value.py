@@ -141,20 +141,28 @@ def _train_alone(arch, spec, data, path: Path, extra: dict[str, Any]) -> dict[st
     """Train ``arch`` from scratch for ``train.steps`` steps, score it, write ``path`` (and its weights under
     ``<work>/models/``, for the ``latency`` phase); reuse a stored result."""
     from nas.builders import build_supernet
-    from nas.model.io import save_model
+    from nas.model.io import load_model, save_model
     from nas.search.fidelity import standalone_model, train_standalone
 
     stored = _read(path)
     if stored is not None and stored.get("arch_id") == arch.arch_id:
         return stored
-    supernet = build_supernet(spec, data.vocab_size)
-    model = standalone_model(supernet, arch, seed=0)
-    del supernet
-    print(f"training {arch.summary()} alone for {spec.train.steps} steps", file=sys.stderr, flush=True)
-    stats = train_standalone(model, arch, spec, data, spec.train.steps)
+    name = f"{path.parent.name}_{path.stem}"
+    stats = _read(MODELS / f"{name}.train.json")  # trained and saved before, scoring did not finish
+    if stats is not None and stats.get("arch_id") == arch.arch_id and (MODELS / f"{name}.json").is_file():
+        model = load_model(MODELS, name)
+        stats = {k: v for k, v in stats.items() if k != "arch_id"}
+        print(f"scoring {arch.summary()}, trained alone before ({MODELS / name})", file=sys.stderr, flush=True)
+    else:
+        supernet = build_supernet(spec, data.vocab_size)
+        model = standalone_model(supernet, arch, seed=0)
+        del supernet
+        print(f"training {arch.summary()} alone for {spec.train.steps} steps", file=sys.stderr, flush=True)
+        stats = train_standalone(model, arch, spec, data, spec.train.steps)
+        save_model(model, MODELS, name)  # before scoring: a failed scoring does not cost the training
+        _write(MODELS / f"{name}.train.json", {"arch_id": arch.arch_id, **stats})
     row = {**extra, "arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
            "steps": spec.train.steps, **stats, **_score(model, arch, spec, data)}
-    save_model(model, MODELS, f"{path.parent.name}_{path.stem}")
     _write(path, row)
     print(f"  {path.name}: valid BLEU {row['bleu']:.2f}, loss {row['valid_loss']:.3f}, {row['latency_ms']:.1f} ms, "
           f"{row['params_m']:.2f} M, {row['train_seconds']:.0f} s", file=sys.stderr, flush=True)
