@@ -272,18 +272,23 @@ def test_a_non_finite_gradient_norm_names_the_step_and_updates_nothing():
     assert run.optimizer.param_groups[0]["lr"] == lr
 
 
-def test_the_loop_stops_at_a_non_finite_gradient_without_counting_the_step():
-    spec = _spec()
-    run = Run(spec)
+def _poison(run: Run, at: int, value: float) -> None:
+    """Make ``run``'s stage fill the first parameter's gradient with ``value`` at 0-based step ``at``."""
     inner = run.stage.step
 
     def poisoned(model, batches, step):
         out = inner(model, batches, step)
-        if step.step == 2:
-            next(model.parameters()).grad.fill_(float("inf"))
+        if step.step == at:
+            next(model.parameters()).grad.fill_(value)
         return out
 
     run.stage.step = poisoned
+
+
+def test_the_loop_stops_at_a_non_finite_gradient_without_counting_the_step():
+    spec = _spec()
+    run = Run(spec)
+    _poison(run, 2, float("inf"))
     with pytest.raises(FloatingPointError, match="non-finite gradient norm at test step 3"):
         run.run(5)
     assert run.state["step"] == 2 and len(run.results) == 2
@@ -333,15 +338,7 @@ def test_fused_adam_takes_the_steps_of_the_default_adam_up_to_rounding():
 def test_deferred_checks_raise_at_the_next_read_step_naming_the_first_bad_step_before_its_hooks():
     spec = _spec()
     run = Run(spec)
-    inner = run.stage.step
-
-    def poisoned(model, batches, step):
-        out = inner(model, batches, step)
-        if step.step == 2:  # the third step
-            next(model.parameters()).grad.fill_(float("inf"))
-        return out
-
-    run.stage.step = poisoned
+    _poison(run, 2, float("inf"))  # the third step
     with pytest.raises(FloatingPointError, match=r"non-finite gradient norm at test step 3 \(found at test step 4"):
         run.run(8, device=DEFERRED, reads_at=lambda step: step % 4 == 0)
     assert [r.step for r in run.results] == [1, 2, 3]  # step 4's hooks (its log or checkpoint) never ran
@@ -349,15 +346,7 @@ def test_deferred_checks_raise_at_the_next_read_step_naming_the_first_bad_step_b
 
 def test_deferred_checks_check_the_last_steps_when_the_loop_ends_between_read_steps():
     run = Run(_spec())
-    inner = run.stage.step
-
-    def poisoned(model, batches, step):
-        out = inner(model, batches, step)
-        if step.step == 4:
-            next(model.parameters()).grad.fill_(float("nan"))
-        return out
-
-    run.stage.step = poisoned
+    _poison(run, 4, float("nan"))
     with pytest.raises(FloatingPointError, match="non-finite gradient norm at test step 5"):
         run.run(5, device=DEFERRED, reads_at=lambda step: False)
 
