@@ -15,12 +15,13 @@ Optuna is imported inside :func:`build_sampler` only, so ``nas train``, ``nas la
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nas.data import EncodersFactory, PreparedData, prepare_data
 from nas.model.supernet import SuperTransformer
-from nas.space.arch import Arch
+from nas.space.params import RELATIVE_DEFAULT, relative_positions
 from nas.space.space import SearchSpace
 from nas.space import SearchSpec, SweepSpec
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["supernet_config", "build_supernet", "prepare_sweep_data", "build_space", "build_sampler",
-           "relative_positions", "RELATIVE_DEFAULT"]
+           "startup_trials", "relative_positions", "RELATIVE_DEFAULT"]
 
 
 def build_space(spec: SweepSpec) -> SearchSpace:
@@ -52,18 +53,6 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
                 relative_positions=relative_positions(spec, maxima))
 
 
-RELATIVE_DEFAULT = 16
-"""Shaw et al.'s clipping distance k used when the supernet has MUTE units and ``supernet.relative_positions``
-is not set (their ablation finds no gain beyond k >= 2; 16 covers most of a Multi30k sentence)."""
-
-
-def relative_positions(spec: SweepSpec, maxima: Arch) -> int:
-    """``supernet.relative_positions``, else :data:`RELATIVE_DEFAULT` when an encoder layer has MUTE units, else 0."""
-    if spec.supernet.relative_positions is not None:
-        return spec.supernet.relative_positions
-    return RELATIVE_DEFAULT if max(maxima.encoder.units) > 1 else 0
-
-
 def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
     """The supernet of a sweep (freshly initialised): maxima from ``spec.supernet`` and the space."""
     return SuperTransformer.from_config(supernet_config(spec, vocab_size))
@@ -84,19 +73,62 @@ def prepare_sweep_data(spec: SweepSpec, progress: bool = True,
                         seed=spec.train.seed, progress=progress, encoders=encoders)
 
 
+TPE_STARTUP_MAX = 10
+"""TPE's and GP's default random start-up (Optuna's ``n_startup_trials``): the most :func:`startup_trials` gives."""
+NSGA2_POPULATION_MAX = 50
+"""NSGA-II's default ``population_size``: the most :func:`startup_trials` gives it."""
+
+
+def startup_trials(search: SearchSpec) -> int:
+    """Trials the sampler of ``search.method`` draws before it models anything (TPE and GP's random start-up,
+    NSGA-II's first generation, whose size is the population).
+
+    A third of the budget, at most the sampler's Optuna default (10 for TPE and GP, 50 for NSGA-II) and at
+    least the enqueued ``points_to_evaluate`` (Optuna counts them in the start-up); NSGA-II's population is
+    at least 2 (its crossover takes two parents). ``random`` has no start-up: 0.
+
+    Raises:
+        ValueError: ``search.method`` is ``evolution``, which is not a per-trial sampler.
+    """
+    _check_per_trial(search.method)
+    cap = {"tpe": TPE_STARTUP_MAX, "gp": TPE_STARTUP_MAX, "nsga2": NSGA2_POPULATION_MAX, "random": 0}[search.method]
+    n = max(len(search.points_to_evaluate), min(cap, search.trials // 3))
+    return max(2, n) if search.method == "nsga2" else n
+
+
 def build_sampler(search: SearchSpec, seed_offset: int = 0) -> "optuna.samplers.BaseSampler":
-    """The Optuna sampler named by ``search.method`` (TPE is multivariate and multi-objective in Optuna 5).
+    """The Optuna sampler named by ``search.method`` (TPE is multivariate and multi-objective in Optuna 5),
+    with its start-up sized to the budget (:func:`startup_trials`): Optuna's default of 10 random TPE trials
+    would leave an 8-trial sweep random from start to end.
 
     ``seed_offset`` (the number of trials already in the study when a driver resumes it) shifts the seed,
     so that a resumed random or TPE start-up phase does not draw the first trials' archs again.
+
+    Warns (``UserWarning``) when ``search.trials`` cannot leave the start-up, naming both numbers.
+
+    Raises:
+        ValueError: ``search.method`` is ``evolution`` (a two-level search with its own NSGA-II study, not a
+            sampler of the sweep's trials).
     """
     import optuna  # here, not at the top: building a model or data must not load the search stack
 
+    n_startup = startup_trials(search)
+    if search.method != "random" and search.trials <= n_startup:
+        what = "population_size (the first generation)" if search.method == "nsga2" else "random start-up trials"
+        warnings.warn(f"search.trials={search.trials} <= {n_startup} {what} of search.method={search.method}: "
+                      f"every trial is drawn before the sampler models any; raise search.trials above {n_startup} "
+                      f"or drop points_to_evaluate ({len(search.points_to_evaluate)})", stacklevel=2)
     seed = None if search.seed is None else search.seed + seed_offset
     samplers = {
-        "tpe": lambda: optuna.samplers.TPESampler(seed=seed),
-        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed),
-        "gp": lambda: optuna.samplers.GPSampler(seed=seed),
+        "tpe": lambda: optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup),
+        "nsga2": lambda: optuna.samplers.NSGAIISampler(seed=seed, population_size=n_startup),
+        "gp": lambda: optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup),
         "random": lambda: optuna.samplers.RandomSampler(seed=seed),
     }
     return samplers[search.method]()
+
+
+def _check_per_trial(method: str) -> None:
+    if method == "evolution":
+        raise ValueError("search.method=evolution is the two-level search (search.evolution), not a per-trial "
+                         "Optuna sampler: build_sampler serves tpe, nsga2, gp and random")

@@ -24,7 +24,7 @@ Kill points (:func:`kill_point`) are armed by a second variable, for the kill te
 POINT is one of :data:`KILL_POINTS`: ``data_prepare`` (after each training shard the data preparation
 writes, and once the cache's temporary folder is filled, not yet published), ``checkpoint_write`` (a checkpoint's temporary file is written, not yet renamed into place),
 ``mlflow_write`` (before an MLflow ``log_batch``), ``after_tell`` (Optuna was told a trial's result, its MLflow
-run not yet ended). Passes are counted per process. Before the kill, the point appends ``POINT pid`` to the
+run not yet ended), ``level1_batch`` (the evolution's level 1 told Optuna a scored batch of candidates). Passes are counted per process. Before the kill, the point appends ``POINT pid`` to the
 file ``NAS_TEST_KILL_LOG`` names (if set), so a test knows where its kill landed.
 
 Unset, empty or an "off" value (``0``, ``off``, ``false``, ``no``, ``none``; any case) arms nothing, so
@@ -55,7 +55,7 @@ KILL_ENV = "NAS_TEST_KILL"
 """The environment variable that arms one kill point (tests only)."""
 KILL_LOG_ENV = "NAS_TEST_KILL_LOG"
 """A file a kill point appends ``POINT pid`` to before it kills its process."""
-KILL_POINTS = ("data_prepare", "checkpoint_write", "mlflow_write", "after_tell")
+KILL_POINTS = ("data_prepare", "checkpoint_write", "mlflow_write", "after_tell", "level1_batch")
 """The places a kill test may SIGKILL a process (see the module docstring)."""
 _passes: dict[str, int] = {}
 

@@ -1,26 +1,25 @@
-"""A HAT-style latency predictor: arch features -> a small MLP -> milliseconds.
+"""Latency of a sub-Transformer on a fixed workload, and a HAT-style predictor: arch features -> a small MLP -> ms.
 
-Measuring every candidate's latency during a search costs a beam-search decode per trial;
-HAT (Wang et al. 2020, "HAT: Hardware-Aware Transformers for Efficient Natural Language
-Processing", ACL, sec. 3.3) instead measures a few thousand random sub-Transformers once
-per device, fits a 3-layer MLP (400 hidden units, ReLU) on their architecture features
-(layer counts and averaged dimensions) and queries the MLP during the search.
+A trial's ``latency_ms`` belongs to the arch, not to what its weights emit: :func:`measure_fixed_latency` times
+HAT's workload (Wang et al. 2020, "HAT: Hardware-Aware Transformers for Efficient Natural Language Processing",
+ACL, sec. 4): ``batch`` dummy sources of ``src_tokens`` tokens, beam search of exactly ``tgt_tokens`` decoder
+steps (EOS held back until the last), output layer included; ``warmup`` untimed runs, ``repeats`` timed ones,
+the top and bottom 10% dropped and the rest averaged. The workload comes from the YAML
+(``search.latency_workload``, resolved by :func:`workload_of`). :func:`measure_latency` (real beam search on real
+sentences, so the output length of the weights counts) stays for benchmarks.
 
-Here the same recipe runs on this project's unified layer (branches, paths, Prime layers
-with kernels, MUTE units):
+Measuring every candidate costs a decode per trial; HAT (sec. 3.3) instead measures a few thousand random
+sub-Transformers once per device, fits an MLP on their architecture features (layer counts and averaged
+dimensions) and queries it during the search. Here the same recipe runs on this project's unified layer
+(branches, paths, Prime layers with kernels, MUTE units):
 
-1. :func:`collect_samples` extracts random sub-Transformers (plus the widest and the
-   narrowest) from a supernet and times each with :func:`measure_latency`;
-2. :meth:`LatencyPredictor.fit` trains the MLP on :func:`arch_features` (standardized)
-   against log latency and reports held-out RMSE and MAPE;
-3. :meth:`LatencyPredictor.predict` gives milliseconds; :func:`check_drift` compares a
-   prediction with a fresh measurement (a predictor fitted on another machine, thread
-   count or torch version drifts, often by more than 20%).
-
-One difference from HAT: HAT times the decoder for a fixed number of teacher-forced steps
-on a dummy sentence; :func:`measure_latency` times real beam search on real sentences,
-as the sweep's ``latency_ms`` does, so the output length of the (inherited-weight) model
-is part of what is measured.
+1. :func:`collect_samples` extracts random sub-Transformers (plus the widest, the narrowest and the reference
+   arch of ``latency_ratio``) from a supernet and times each with :func:`measure_fixed_latency`;
+2. :meth:`LatencyPredictor.fit` trains the MLP on :func:`arch_features` (standardized) against log latency and
+   reports held-out RMSE and MAPE; the predictor keeps the workload and the reference's latency;
+3. :meth:`LatencyPredictor.predict` gives milliseconds; :func:`check_drift` compares a prediction with a fresh
+   measurement (a predictor fitted on another machine, thread count or torch version drifts, often by more than
+   20%).
 """
 
 from __future__ import annotations
@@ -48,11 +47,22 @@ from nas.model.decode import beam_search
 from nas.io import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch, StackArch
-from nas.space.predictor_file import FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta
+from nas.space.predictor_file import (FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta, workload_mismatch,
+                                     workload_of, workload_tag)
 from nas.space.space import SearchSpace
 
-__all__ = ["FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
-           "LatencyPredictor", "check_drift"]
+__all__ = ["FEATURE_NAMES", "DEFAULT_WORKLOAD", "arch_features", "measure_fixed_latency", "measure_latency",
+           "trimmed_mean", "workload_of", "workload_tag", "collect_samples", "describe_device", "LatencyPredictor",
+           "check_drift"]
+
+DEFAULT_WORKLOAD: dict[str, int] = {"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}
+"""HAT's workload (sec. 4: a 30-token source, 30 decoder steps, batch 1) at this project's default beam (4):
+``search.latency_workload``'s defaults with ``search.beam_size: 4``."""
+
+_PAD_ID, _BOS_ID, _EOS_ID = 0, 2, 3
+"""Special token ids (:mod:`nas.data`'s, not imported here: it loads pyarrow and sentencepiece)."""
+_FIRST_WORD_ID = 4
+"""The first id that is no special token (PAD, UNK, BOS, EOS)."""
 
 
 def _stack_features(stack: StackArch) -> list[float]:
@@ -117,8 +127,8 @@ def measure_latency(model: SuperTransformer, arch: Arch | None, sentences: Seque
     ``threads`` threads while measuring (the caller's thread count is restored afterwards) and
     Python's garbage collector is paused during the timed passes. With ``lock``, warm-up and timing
     hold it exclusively (:meth:`MeasureLock.exclusive`): nothing else that holds the node's lock
-    computes meanwhile. With ``batch_size=1`` on the extracted sub-Transformer this is a search
-    trial's ``latency_ms`` (:func:`nas.search.trials.score_arch`).
+    computes meanwhile. The output length depends on the weights, so this is what a user of these weights
+    waits for on these sentences (benchmarks); a search trial's ``latency_ms`` is :func:`measure_fixed_latency`.
 
     Args:
         model: a supernet or an extracted model (put in eval mode).
@@ -170,6 +180,103 @@ def _time_batches(model: SuperTransformer, arch: Arch | None, batches: list[torc
     return statistics.median(times)
 
 
+def trimmed_mean(times_ms: Sequence[float], fraction: float = 0.1) -> float:
+    """HAT's latency statistic: sort, drop ``int(fraction * n)`` timings at each end, average the rest.
+
+    With 20 timings and ``fraction=0.1`` the 2 fastest and the 2 slowest are dropped and 16 averaged; fewer than
+    10 timings are all averaged.
+
+    Raises:
+        ValueError: no timings, or ``fraction`` outside [0, 0.5).
+    """
+    if not times_ms:
+        raise ValueError("no timings to average")
+    if not 0.0 <= fraction < 0.5:
+        raise ValueError(f"fraction={fraction} must be in [0, 0.5)")
+    ordered = sorted(times_ms)
+    cut = int(fraction * len(ordered))
+    kept = ordered[cut:len(ordered) - cut]
+    return sum(kept) / len(kept)
+
+
+def _fixed_source(src_tokens: int, batch_size: int, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``[batch_size, src_tokens]`` dummy sources: the non-special ids 4, 5, 6, ... (wrapping within the
+    vocabulary), then EOS; no PAD, the same in every row and every call."""
+    if vocab_size <= _FIRST_WORD_ID:
+        raise ValueError(f"vocab_size={vocab_size} has no word ids (ids 0-3 are PAD, UNK, BOS, EOS)")
+    words = [_FIRST_WORD_ID + i % (vocab_size - _FIRST_WORD_ID) for i in range(src_tokens - 1)]
+    return torch.tensor([words + [_EOS_ID]] * batch_size, dtype=torch.long, device=device)  # [b, s]
+
+
+@torch.no_grad()
+def measure_fixed_latency(model: SuperTransformer, arch: Arch | None, *, src_tokens: int = 30, tgt_tokens: int = 30,
+                          beam_size: int = 4, batch_size: int = 1, repeats: int = 20, warmup: int = 5,
+                          threads: int = 1, lock: MeasureLock | None = None) -> float:
+    """Milliseconds of one beam search on HAT's fixed workload (Wang et al. 2020, sec. 4): what a trial's
+    ``latency_ms`` is, a function of the arch and the device only, never of the weights.
+
+    The source is ``[batch_size, src_tokens]``: the word ids 4, 5, 6, ... and EOS (id 3) last, no PAD. Beam search
+    (:func:`nas.model.decode.beam_search`, embeddings, key/value cache and output projection included) runs
+    exactly ``tgt_tokens`` decoder steps: EOS is held back until the last step, which forces it
+    (``min_len = max_len_b = tgt_tokens``, ``max_len_a = 0``). ``warmup`` untimed runs, then ``repeats`` timed runs
+    (CUDA synchronized before and after each on a GPU); returns their :func:`trimmed_mean` (the top and bottom 10%
+    dropped, HAT's statistic). Torch runs on exactly ``threads`` threads while measuring (the caller's count is
+    restored afterwards) and Python's garbage collector is paused during the timed runs. With ``lock``, warm-up and
+    timing hold it exclusively (:meth:`MeasureLock.exclusive`).
+
+    Args:
+        model: a supernet or an extracted model (put in eval mode), on the device to time.
+        arch: the sub-Transformer (None: the model's widest).
+        src_tokens: source length (tokens, EOS included).
+        tgt_tokens: decoder steps (the last emits EOS); at most ``model.max_positions - 1``.
+        beam_size: beams per sentence (1: greedy).
+        batch_size: sentences per batch.
+        repeats: timed runs.
+        warmup: untimed runs before them.
+        threads: torch threads (intra-op) while measuring.
+        lock: the node's measurement lock (:class:`nas.eval.measure_lock.MeasureLock`); None: no lock.
+
+    Raises:
+        ValueError: ``src_tokens``/``tgt_tokens``/``beam_size``/``batch_size``/``repeats``/``threads`` below 1,
+            ``warmup`` below 0, or a length beyond ``model.max_positions``.
+    """
+    sizes = {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens, "beam_size": beam_size, "batch_size": batch_size,
+             "repeats": repeats, "threads": threads}
+    if min(sizes.values()) < 1 or warmup < 0:
+        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in sizes.items())} must be >= 1 and warmup={warmup} >= 0")
+    if src_tokens > model.max_positions or tgt_tokens > model.max_positions - 1:
+        raise ValueError(f"src_tokens={src_tokens} / tgt_tokens={tgt_tokens} exceed the model's max_positions="
+                         f"{model.max_positions} (tgt_tokens at most max_positions - 1)")
+    model.eval()
+    device = next(model.parameters()).device
+    src = _fixed_source(src_tokens, batch_size, model.vocab_size, device)  # [b, s]
+    run = lambda: beam_search(model, src, arch, beam_size=beam_size, bos_id=_BOS_ID, eos_id=_EOS_ID,  # noqa: E731
+                              min_len=tgt_tokens, max_len_a=0.0, max_len_b=tgt_tokens)
+    with (lock.exclusive() if lock is not None else nullcontext()), _threads(threads):
+        return trimmed_mean(_time_runs(run, warmup, repeats, device))
+
+
+def _time_runs(run, warmup: int, repeats: int, device: torch.device) -> list[float]:
+    """``warmup`` untimed calls of ``run``, then the milliseconds of ``repeats`` timed ones (GC paused)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        run()
+    times = []
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times.append((time.perf_counter() - t0) * 1000.0)
+    finally:
+        if collecting:
+            gc.enable()
+    return times
+
+
 def describe_device(device: torch.device | str = "cpu") -> str:
     """Where latencies are measured, e.g. ``"cpu: Intel(R) Xeon(R) ... (1 thread), torch 2.13.0"``.
 
@@ -198,8 +305,9 @@ def _progress(enabled: bool) -> Progress:
                     console=Console(stderr=True), disable=not enabled)
 
 
-def _sample_archs(space: SearchSpace, n: int, seed: int) -> list[Arch]:
-    """The widest, the narrowest, then distinct random archs: ``n`` in all, fewer if the space is smaller."""
+def _sample_archs(space: SearchSpace, n: int, seed: int, reference: Arch) -> list[Arch]:
+    """The widest, the narrowest, then distinct random archs: ``n`` in all, fewer if the space is smaller; then
+    ``reference`` when it is not among them."""
     rng = random.Random(seed)
     archs: dict[str, Arch] = {}
     candidates = [space.widest(), space.narrowest()]
@@ -208,62 +316,70 @@ def _sample_archs(space: SearchSpace, n: int, seed: int) -> list[Arch]:
         arch = candidates.pop(0) if candidates else space.sample(rng)
         archs.setdefault(arch.arch_id, arch)
         attempts += 1
+    archs.setdefault(reference.arch_id, reference)
     return list(archs.values())
 
 
-def collect_samples(supernet: SuperTransformer, space: SearchSpace, sentences: Sequence[Sequence[int]], n: int, *,
-                    seed: int = 0, batch_sizes: Sequence[int] = (1,), beam_size: int = 4, repeats: int = 3,
-                    threads: int | None = None, lock: MeasureLock | None = None,
+def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
+                    workload: Mapping[str, int] | None = None, reference: Arch | None = None, seed: int = 0,
+                    repeats: int = 20, warmup: int = 5, threads: int | None = None, lock: MeasureLock | None = None,
                     progress: bool = True) -> list[dict[str, Any]]:
-    """Measure the latency of ``n`` distinct sub-Transformers of ``space`` (HAT sec. 3.3's dataset).
+    """Measure the latency of ``n`` distinct sub-Transformers of ``space`` on one workload (HAT sec. 3.3's dataset).
 
-    The first two are the widest and the narrowest, the rest uniformly random
-    (``space.sample`` with ``random.Random(seed)``); fewer than ``n`` when the space is
-    smaller. Each is extracted (:func:`nas.model.supernet.extract`) and timed with
-    :func:`measure_latency` at every batch size, with a rich progress bar on stderr.
+    The first two are the widest and the narrowest, the rest uniformly random (``space.sample`` with
+    ``random.Random(seed)``); fewer than ``n`` when the space is smaller; then ``reference`` (``latency_ratio``'s
+    denominator) if it is not among them. Each is extracted (:func:`nas.model.supernet.extract`) and timed with
+    :func:`measure_fixed_latency` on ``workload``, with a rich progress bar on stderr.
 
     Args:
-        supernet: the (trained or untrained) supernet; weights only change output lengths.
+        supernet: the (trained or untrained) supernet: the fixed workload does not depend on the weights.
         space: where the archs come from (each must fit the supernet).
-        sentences: source token ids, each ending in EOS (see :func:`measure_latency`).
-        n: number of archs.
-        repeats: timed passes per arch and batch size (:func:`measure_latency`).
-        threads: torch threads while measuring (None: the process's; the sweep's trials run
-            with ``search.cpu_per_trial``), restored afterwards.
+        n: number of archs (besides the reference).
+        workload: ``src_tokens``, ``tgt_tokens``, ``beam``, ``batch`` (:func:`workload_of` of the sweep's
+            ``search``; None: :data:`DEFAULT_WORKLOAD`).
+        reference: the arch ``latency_ratio`` divides by (:func:`nas.search.trials.resolve_reference`; None: the
+            narrowest).
+        repeats, warmup: timed and untimed runs per arch (:func:`measure_fixed_latency`).
+        threads: torch threads while measuring (None: the process's; the sweep's trials run with
+            ``search.cpu_per_trial``), restored afterwards.
         lock: the node's measurement lock, held exclusively during each measurement (None: none).
 
     Returns:
-        One JSON-ready dict per (arch, batch size): ``arch`` (:meth:`Arch.to_dict`),
-        ``arch_id``, ``model_dim``, ``batch_size``, ``beam_size``, ``latency_ms``, ``device``
-        (:func:`describe_device`).
+        One JSON-ready dict per arch: ``arch`` (:meth:`Arch.to_dict`), ``arch_id``, ``model_dim``, ``workload``,
+        ``batch_size`` and ``beam_size`` (the workload's), ``latency_ms``, ``device`` (:func:`describe_device`),
+        ``reference`` (True for the reference arch only).
 
     Raises:
         ValueError: ``n`` below 1, or an arch beyond the supernet's maxima (names the choice).
     """
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
-    archs = _sample_archs(space, n, seed)
+    workload = dict(DEFAULT_WORKLOAD if workload is None else workload)
+    reference = space.narrowest() if reference is None else reference
+    archs = _sample_archs(space, n, seed, reference)
     device = next(supernet.parameters()).device
     with _threads(threads or torch.get_num_threads()):
-        return _measure_all(supernet, archs, sentences, batch_sizes, beam_size, repeats, device, lock, progress)
+        return _measure_all(supernet, archs, workload, reference, repeats, warmup, device, lock, progress)
 
 
-def _measure_all(supernet: SuperTransformer, archs: list[Arch], sentences: Sequence[Sequence[int]],
-                 batch_sizes: Sequence[int], beam_size: int, repeats: int, device: torch.device,
-                 lock: MeasureLock | None, progress: bool) -> list[dict[str, Any]]:
+def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[str, int], reference: Arch,
+                 repeats: int, warmup: int, device: torch.device, lock: MeasureLock | None,
+                 progress: bool) -> list[dict[str, Any]]:
     where = describe_device(device)
     threads = torch.get_num_threads()
     samples = []
     with _progress(progress) as bar:
-        task = bar.add_task("archs", total=len(archs) * len(batch_sizes), info="")
+        task = bar.add_task("archs", total=len(archs), info="")
         for arch in archs:
             model = extract(supernet, arch).to(device)
-            for bsz in batch_sizes:
-                ms = measure_latency(model, arch, sentences, batch_size=bsz, beam_size=beam_size, repeats=repeats,
-                                     threads=threads, lock=lock)
-                samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
-                                "batch_size": bsz, "beam_size": beam_size, "latency_ms": ms, "device": where})
-                bar.update(task, advance=1, info=f"{arch.arch_id} b{bsz}: {ms:.1f} ms")
+            ms = measure_fixed_latency(model, arch, src_tokens=workload["src_tokens"],
+                                       tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
+                                       batch_size=workload["batch"], repeats=repeats, warmup=warmup, threads=threads,
+                                       lock=lock)
+            samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
+                            "workload": dict(workload), "batch_size": workload["batch"], "beam_size": workload["beam"],
+                            "latency_ms": ms, "device": where, "reference": arch.arch_id == reference.arch_id})
+            bar.update(task, advance=1, info=f"{arch.arch_id}: {ms:.1f} ms")
     return samples
 
 
@@ -295,7 +411,7 @@ def _as_arch(arch: Arch | Mapping[str, Any]) -> Arch:
 
 
 class LatencyPredictor:
-    """An MLP from standardized :func:`arch_features` to log latency (HAT sec. 3.3).
+    """An MLP from standardized :func:`arch_features` to log latency (HAT sec. 3.3) on one fixed workload.
 
     HAT uses 3 hidden layers of 400 units; the default here is smaller (64), ample for a
     few hundred samples. The target is ``log(latency_ms)`` standardized, so the squared
@@ -305,23 +421,55 @@ class LatencyPredictor:
         model_dim: the supernet's model width C (channels), for :func:`arch_features`.
         hidden: units per hidden layer.
         hidden_layers: hidden Linear+ReLU layers.
-        batch_size, beam_size: the decoding setting it predicts (``fit`` uses only samples
-            measured at these).
+        workload: the workload it predicts (``src_tokens``, ``tgt_tokens``, ``beam``, ``batch``:
+            :func:`workload_of`; None: :data:`DEFAULT_WORKLOAD`); ``fit`` uses only samples measured on it.
         device: where the samples were measured (:func:`describe_device`).
+        reference_ms: the measured latency (ms) of ``reference_arch`` on the workload, ``latency_ratio``'s
+            denominator with ``search.latency: predicted`` (None: not measured).
+        reference_arch: that arch (:meth:`Arch.to_json`).
+
+    Raises:
+        ValueError: ``hidden`` or ``hidden_layers`` below 1; a workload lacking a key; ``reference_ms`` not
+            positive.
     """
 
-    def __init__(self, model_dim: int, *, hidden: int = 64, hidden_layers: int = 3, batch_size: int = 1,
-                 beam_size: int = 4, device: str = "") -> None:
+    def __init__(self, model_dim: int, *, hidden: int = 64, hidden_layers: int = 3,
+                 workload: Mapping[str, int] | None = None, device: str = "", reference_ms: float | None = None,
+                 reference_arch: str | None = None) -> None:
         if hidden < 1 or hidden_layers < 1:
             raise ValueError(f"hidden={hidden} and hidden_layers={hidden_layers} must be >= 1")
+        workload = dict(DEFAULT_WORKLOAD if workload is None else workload)
+        missing = [k for k in DEFAULT_WORKLOAD if k not in workload]
+        if missing:
+            raise ValueError(f"workload {workload} lacks {', '.join(missing)}")
+        if reference_ms is not None and not (math.isfinite(reference_ms) and reference_ms > 0):
+            raise ValueError(f"reference_ms={reference_ms} must be positive and finite")
         self.model_dim, self.hidden, self.hidden_layers = model_dim, hidden, hidden_layers
-        self.batch_size, self.beam_size, self.device = batch_size, beam_size, device
+        self.workload = {k: int(workload[k]) for k in DEFAULT_WORKLOAD}
+        self.device, self.reference_ms, self.reference_arch = device, reference_ms, reference_arch
         self.net = _mlp(len(FEATURE_NAMES), hidden, hidden_layers)
         self.feature_mean = torch.zeros(len(FEATURE_NAMES))
         self.feature_std = torch.ones(len(FEATURE_NAMES))
         self.target_mean, self.target_std = 0.0, 1.0
         self.metrics: dict[str, float] = {}
         self.fitted = False
+
+    @property
+    def batch_size(self) -> int:
+        """Sentences per batch of the workload."""
+        return self.workload["batch"]
+
+    @property
+    def beam_size(self) -> int:
+        """Beams per sentence of the workload."""
+        return self.workload["beam"]
+
+    def _measured_on_mine(self, sample: Mapping[str, Any]) -> bool:
+        """A sample with a ``workload`` must have this one; an older one without, this batch and beam size."""
+        if "workload" in sample:
+            return workload_mismatch(sample["workload"], self.workload) is None
+        return (sample.get("batch_size", self.batch_size), sample.get("beam_size", self.beam_size)) == \
+            (self.batch_size, self.beam_size)
 
     def _x(self, archs: Sequence[Arch]) -> torch.Tensor:
         x = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
@@ -333,15 +481,15 @@ class LatencyPredictor:
 
     def fit(self, samples: Sequence[Mapping[str, Any]], *, holdout: float = 0.2, epochs: int = 1000,
             lr: float = 3e-3, weight_decay: float = 1e-4, seed: int = 0) -> dict[str, float]:
-        """Train on the samples measured at this predictor's batch and beam size.
+        """Train on the samples measured on this predictor's workload.
 
         A seeded random ``holdout`` fraction (at least one sample) is kept out of training
         and scored; the MLP is trained full-batch with Adam on the rest (MSE on the
         standardized log latency). Standardization statistics come from the training part.
 
         Args:
-            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ms``
-                (> 0) and optionally ``batch_size``/``beam_size`` (as from :func:`collect_samples`).
+            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ms`` (> 0) and ``workload``
+                (or, without one, optionally ``batch_size``/``beam_size``), as from :func:`collect_samples`.
             holdout: fraction in [0, 1) held out; 0 trains on all and reports training error.
             epochs: full-batch optimizer steps.
 
@@ -350,18 +498,17 @@ class LatencyPredictor:
             error, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
 
         Raises:
-            NasError: fewer than 2 matching samples (names the batch/beam sizes present).
+            NasError: fewer than 2 samples on this workload (names the workloads present).
             ValueError: a latency that is not positive and finite, or ``holdout`` outside [0, 1).
         """
         if not 0.0 <= holdout < 1.0:
             raise ValueError(f"holdout={holdout} must be in [0, 1)")
-        rows = [s for s in samples
-                if s.get("batch_size", self.batch_size) == self.batch_size
-                and s.get("beam_size", self.beam_size) == self.beam_size]
+        rows = [s for s in samples if self._measured_on_mine(s)]
         if len(rows) < 2:
-            present = sorted({(s.get("batch_size"), s.get("beam_size")) for s in samples}, key=str)
-            raise NasError(f"{len(rows)} samples at batch_size={self.batch_size}, beam_size={self.beam_size} "
-                           f"(need >= 2); the samples have (batch_size, beam_size) {present}")
+            present = sorted({workload_tag(s["workload"]) if "workload" in s
+                              else f"batch{s.get('batch_size')}-beam{s.get('beam_size')}" for s in samples})
+            raise NasError(f"{len(rows)} samples on workload {workload_tag(self.workload)} (need >= 2); the "
+                           f"samples were measured on {present}")
         for i, s in enumerate(rows):
             if not (math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0):
                 raise ValueError(f"samples[{i}].latency_ms={s['latency_ms']} must be positive and finite")
@@ -408,7 +555,7 @@ class LatencyPredictor:
 
     @torch.no_grad()
     def predict_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
-        """Predicted latency (ms) of each arch at this predictor's batch and beam size.
+        """Predicted latency (ms) of each arch on this predictor's workload.
 
         Raises:
             RuntimeError: the predictor was neither fitted nor loaded.
@@ -436,8 +583,11 @@ class LatencyPredictor:
             "model_dim": self.model_dim,
             "hidden": self.hidden,
             "hidden_layers": self.hidden_layers,
+            "workload": dict(self.workload),
             "batch_size": self.batch_size,
             "beam_size": self.beam_size,
+            "reference_ms": self.reference_ms,
+            "reference_arch": self.reference_arch,
             "device": self.device,
             "metrics": self.metrics,
         }
@@ -466,13 +616,15 @@ class LatencyPredictor:
 
         Raises:
             FileNotFoundError: either file is missing.
-            ValueError: the sidecar is not a predictor's, or it was fitted on other features
-                than this version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
+            PredictorFileError: (a :class:`NasError`) the sidecar is not a predictor's, it names no latency
+                workload (fitted before the fixed workload), or it was fitted on other features than this
+                version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
         """
         path = Path(path)
-        meta = read_predictor_meta(path)  # format, feature names, keys, weights header (torch-free)
+        meta = read_predictor_meta(path)  # format, feature names, workload, keys, weights header (torch-free)
         pred = cls(meta["model_dim"], hidden=meta["hidden"], hidden_layers=meta["hidden_layers"],
-                   batch_size=meta["batch_size"], beam_size=meta["beam_size"], device=meta.get("device", ""))
+                   workload=meta["workload"], device=meta.get("device", ""), reference_ms=meta.get("reference_ms"),
+                   reference_arch=meta.get("reference_arch"))
         pred.net.load_state_dict(load_file(str(path)))
         pred.net.eval()
         pred.feature_mean = torch.tensor(meta["feature_mean"], dtype=torch.float32)

@@ -205,6 +205,9 @@ def build_report(sweep_id: str, *, experiment: str | None = None, top: int = 10,
             "widest sub-Transformer BLEU": _num(m.get("widest_bleu")),
             "objectives": ", ".join(map(str, objectives)), "supernet": t.get("nas.supernet_dir", "-"),
             "constraints": ", ".join(c.key for c in constraints) or "-"}
+    if "level1_candidates" in m:  # search.method: evolution (nas.search.evolution)
+        info["level-1 candidates scored / failed"] = (f"{_int(m.get('level1_candidates'))} / "
+                                                      f"{_int(m.get('level1_failed'))}")
     return SweepReport(sweep_id=sweep_id, experiment=experiment, parent_run_id=parent.info.run_id,
                        status=parent.info.status, info=info, objectives=objectives, scanned=scan.scanned,
                        best=scan.rows, front=front, png=png, importances=importances, importance_error=error,

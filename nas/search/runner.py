@@ -37,6 +37,7 @@ from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, study_trials
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
+from nas.space.predictor_file import workload_of, workload_tag
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
 from nas.locks import run_lock
@@ -267,7 +268,8 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
     started_ray = _init_ray(spec, address, connected=any(connected))
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
-            "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size)}
+            "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size),
+            "nas.latency_workload": workload_tag(workload_of(spec.search))}
     parent_tags = {**tags, tracking.TAG_STUDY_NAME: study.study_name,  # where `nas report` finds the study
                    tracking.TAG_OPTUNA_STORAGE: redact_url(study.storage_url) if study.storage_url
                    else str(study.journal)}
@@ -281,14 +283,23 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
                                results_dir=results_dir(spec, sweep_id))
             supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
             _log_supernet_files(experiment, parent, supernet_dir, Path(data.root))
-            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study)
+            level1_metrics: dict[str, float] = {}
+            points = None
+            if spec.search.method == "evolution":  # two-level search: level 1 chooses level 2's archs
+                from nas.search.evolution import run_level1
+
+                level1 = run_level1(spec, ctx, study, parent, sweep_id)
+                points = level1.chosen
+                level1_metrics = {"level1_candidates": level1.counts.get("COMPLETE", 0),
+                                  "level1_failed": level1.counts.get("FAIL", 0), "level1_wall_s": level1.wall_s}
+            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, points=points)
             finetuned: dict[str, int] = {}
             if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
                 from nas.search.finetune import finetune_counts, run_finetune_stage
 
                 finetuned = finetune_counts(run_finetune_stage(spec, ctx, experiment, tags, study, sweep_id))
             tracking.log_metrics(parent, {**supernet_metrics, "trials_completed": completed,
-                                          "trials_failed": failed, **finetuned})
+                                          "trials_failed": failed, **finetuned, **level1_metrics})
             if completed == 0:
                 raise SweepFailed(f"all {failed} search trials of sweep {sweep_id} failed:\n"
                                   + "\n".join(f"  trial {n}: {e}" for n, e in errors)
@@ -419,11 +430,19 @@ def _log_supernet_files(experiment: str, parent: str, supernet_dir: Path, data_d
 
 
 def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str],
-                  study: StudyRef) -> tuple[int, int, list[tuple[int, str]]]:
-    """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)])."""
+                  study: StudyRef, points: list[dict[str, Any]] | None = None) -> tuple[int, int, list[tuple[int, str]]]:
+    """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)]).
+
+    ``points``: the Optuna parameters of the first trials (default: ``search.points_to_evaluate``); with
+    ``search.method: evolution`` they are level 1's choice (:func:`nas.search.evolution.run_level1`), and the
+    trials they do not cover (level 1 found fewer distinct archs) are drawn at random.
+    """
     se = spec.search
     space = SearchSpace.from_spec(spec)
-    searcher = DurableOptunaSearch(DefineByRun(space), study, se, points=space.point_params(se.points_to_evaluate))
+    if points is None:
+        points = space.point_params(se.points_to_evaluate)
+    sampler_spec = se.model_copy(update={"method": "random"}) if se.method == "evolution" else se
+    searcher = DurableOptunaSearch(DefineByRun(space), study, sampler_spec, points=points)
     callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
     trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx),
                                     {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})
@@ -432,8 +451,8 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
                              tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1, reuse_actors=True),
                              run_config=run_config(exp_dir, callbacks, se.max_failures))
     done = Counter(t.state.name for t in study_trials(study))
-    console.print(f"[bold]searching[/bold]: {se.trials} trials, {se.max_concurrent} at a time, "
-                  f"{se.method} on {', '.join(m.name for m in se.metrics)}"
+    console.print(f"[bold]searching[/bold]{' (level 2)' if se.method == 'evolution' else ''}: {se.trials} trials, "
+                  f"{se.max_concurrent} at a time, {se.method} on {', '.join(m.name for m in se.metrics)}"
                   + (f" (restored: {done['COMPLETE']} complete, {done['FAIL']} failed)" if restored else ""))
     tuner.fit()
     lost = [t.number for t in study_trials(study)
@@ -471,12 +490,15 @@ class SweepStatus:
     mlflow_other: dict[str, str]
     """The parent (``sweep``) and ``supernet`` runs' statuses."""
     where: dict[str, str]
+    level1: dict[str, int] = field(default_factory=dict)
+    """Level 1's candidates by Optuna state (``search.method: evolution``; empty otherwise)."""
 
     def lines(self) -> list[str]:
         def fmt(counts: dict[str, int]) -> str:
             return "  ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
         return [
             f"sweep {self.name} ({self.sweep_id or 'not started'}): {self.trials} trials requested",
+            *([f"  level 1 {fmt(self.level1)}   [{self.where['optuna']}]"] if self.level1 else []),
             f"  optuna  {fmt(self.optuna)}   [{self.where['optuna']}]",
             f"  ray     {fmt(self.ray)}   [{self.where['ray']}]",
             f"  mlflow  {fmt(self.mlflow)}; duplicates {self.mlflow_duplicates}; "
@@ -500,6 +522,11 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
         optuna_counts = dict(Counter(t.state.name for t in ref.load().get_trials(deepcopy=False)))
     except KeyError:
         optuna_counts = {}
+    level1: dict[str, int] = {}
+    if spec.search.method == "evolution":
+        from nas.search.evolution import level1_counts
+
+        level1 = level1_counts(ref)
     exp_dir = ray_dir(spec, record.sweep_id, "search")
     ray_counts: dict[str, int] = {}
     if is_uri(exp_dir) or (exp_dir.is_dir() and any(exp_dir.glob("experiment_state-*.json"))):
@@ -518,4 +545,4 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
     return SweepStatus(spec.name, record.sweep_id, spec.search.trials, optuna_counts, ray_counts,
                        dict(Counter(r.info.status for r in trial_runs)), sum(n - 1 for n in keys.values()), other,
                        {"optuna": ref.location, "ray": redact_url(str(exp_dir)),
-                        "mlflow": redact_url(tracking.tracking_uri())})
+                        "mlflow": redact_url(tracking.tracking_uri())}, level1)

@@ -8,6 +8,11 @@ Trials scoring side by side on one node share the node's measurement lock
 (:class:`nas.eval.measure_lock.MeasureLock`): loading the supernet, decoding and the loss hold it shared, the
 latency measurement holds it alone, so no trial times itself while another computes.
 
+A trial's ``latency_ms`` times the YAML's fixed workload (``search.latency_workload``,
+:func:`nas.eval.latency.measure_fixed_latency`); ``latency_ratio`` divides it by the latency of the reference arch
+(``search.latency_reference``, :func:`resolve_reference`), timed once per worker process, device, thread count and
+workload.
+
 A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.json`` (atomically)
 before reporting it: a trial that Ray runs again after the driver was killed reports that file
 instead of scoring the arch again.
@@ -38,12 +43,21 @@ from nas.io import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
+from nas.space.arch import Arch
 from nas.space.constraints import violated
+from nas.space.predictor_file import workload_mismatch, workload_of, workload_tag
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
 
 __all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "latency_device",
-           "OPTUNA_TRIAL_KEY"]
+           "resolve_reference", "OPTUNA_TRIAL_KEY"]
+
+REFERENCE_NAMES = ("narrowest", "widest", "middle")
+"""Named values of ``search.latency_reference`` (else an arch as JSON)."""
+
+_reference_ms: dict[tuple, float] = {}
+"""Measured reference latencies (ms) of this worker process, by (reference arch, supernet structure, device,
+threads, workload): the reference is timed once, not once per trial."""
 
 
 
@@ -83,6 +97,54 @@ def _predictor(path: str):
     return LatencyPredictor.load(path)
 
 
+def _checked_predictor(spec: SweepSpec, reference: Arch, *, ratio: bool):
+    """The ``search.latency_predictor``, refused unless it was fitted on the YAML's workload and, with ``ratio``
+    (``latency_ratio`` taken from it), measured the YAML's reference arch.
+
+    Raises:
+        NasError: the predictor's workload or reference differs from the YAML's, or it has no reference latency;
+            the message names the file, both values and the fix.
+    """
+    path = spec.search.latency_predictor
+    predictor = _predictor(str(path))
+    wanted = workload_of(spec.search)
+    fix = "refit it with `nas latency fit` on this YAML"
+    diff = workload_mismatch(predictor.workload, wanted)
+    if diff:
+        raise NasError(f"search.latency_predictor: {path} was fitted on latency workload "
+                       f"{workload_tag(predictor.workload)}, but search.latency_workload is {workload_tag(wanted)} "
+                       f"({diff}); {fix}")
+    if ratio and (predictor.reference_ms is None or predictor.reference_arch is None):
+        raise NasError(f"search.latency_predictor: {path} stores no measured reference arch, so latency_ratio cannot "
+                       f"be predicted; {fix}")
+    if ratio and Arch.from_json(predictor.reference_arch).arch_id != reference.arch_id:
+        raise NasError(f"search.latency_predictor: {path} measured the reference "
+                       f"{Arch.from_json(predictor.reference_arch).summary()}, but search.latency_reference: "
+                       f"{spec.search.latency_reference} is {reference.summary()}; {fix}")
+    return predictor
+
+
+def resolve_reference(spec: SweepSpec, space: SearchSpace | None = None) -> Arch:
+    """The arch ``latency_ratio`` divides by: ``search.latency_reference`` (``narrowest``, ``widest``, ``middle`` of
+    ``space``, default ``SearchSpace.from_spec(spec)``; or an arch as JSON, :meth:`Arch.to_json`).
+
+    Raises:
+        NasError: the value is none of the names and no arch JSON, or the arch exceeds the supernet (names
+            ``search.latency_reference`` and the value).
+    """
+    named = spec.search.latency_reference
+    space = SearchSpace.from_spec(spec) if space is None else space
+    if named in REFERENCE_NAMES:
+        return getattr(space, named)()
+    try:
+        arch = Arch.from_json(named)
+        arch.check_within(space.supernet_maxima(spec))
+    except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ArchError are ValueErrors
+        raise NasError(f"search.latency_reference: {named!r} is not {', '.join(REFERENCE_NAMES)} or an arch of this "
+                       f"supernet as JSON (Arch.to_json(), e.g. from `nas space sample`): {e}") from None
+    return arch
+
+
 def latency_device(named: str, scoring: torch.device) -> torch.device:
     """The device ``search.latency_device`` (``named``) times on when the trial scores on ``scoring``.
 
@@ -103,19 +165,25 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     """Score a sub-Transformer with inherited weights on the validation set.
 
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
-    ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and
-    ``latency_ms``: with ``search.latency: measured``, the median ms to translate one sentence (batch size 1,
-    beam search, embeddings and output projection included) on ``search.latency_device``
-    (:func:`latency_device`) with the extracted sub-Transformer over the first
-    ``search.latency_sentences`` validation sentences, each timed ``search.latency_repeats`` times after an
-    untimed warm-up pass, on ``search.cpu_per_trial`` torch threads (:func:`nas.eval.latency.measure_latency`,
-    as ``nas latency fit`` times its samples); with ``predicted``, the ``search.latency_predictor``'s estimate
-    (HAT sec. 3.3). When a predictor is given with ``measured``, ``latency_pred_ms`` is added and
-    ``latency_drift`` (``|pred - measured| / measured``), and a drift above 20% is warned about.
+    ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and the latency:
+
+    - ``latency_ms``: with ``search.latency: measured``, the extracted sub-Transformer on the fixed workload
+      ``search.latency_workload`` (HAT sec. 4: a dummy source, exactly ``tgt_tokens`` beam-search decoder steps,
+      :func:`nas.eval.latency.measure_fixed_latency`: ``search.latency_repeats`` timed runs after 5 untimed ones,
+      the top and bottom 10% dropped, the rest averaged), on ``search.latency_device`` (:func:`latency_device`) and
+      ``search.cpu_per_trial`` torch threads, as ``nas latency fit`` times its samples; with ``predicted``, the
+      ``search.latency_predictor``'s estimate (HAT sec. 3.3).
+    - ``latency_reference_ms``: the same for the reference arch (:func:`resolve_reference`), measured once per
+      worker process, supernet structure, device, thread count and workload; with ``predicted``, the latency the
+      predictor's fit measured for it.
+    - ``latency_ratio``: ``latency_ms / latency_reference_ms`` (a budget that holds across machines).
+
+    When a predictor is given with ``measured``, ``latency_pred_ms`` is added and ``latency_drift``
+    (``|pred - measured| / measured``), and a drift above 20% is warned about.
 
     Decoding and the loss hold the node's measurement lock shared, the timing holds it exclusively
-    (:class:`nas.eval.measure_lock.MeasureLock`): trials scoring side by side on one node never time
-    themselves while another computes.
+    (:class:`nas.eval.measure_lock.MeasureLock`; the reference, when not yet timed, in the same hold): trials
+    scoring side by side on one node never time themselves while another computes.
 
     Args:
         lock: the node's measurement lock (default: ``MeasureLock()``, the folder of
@@ -123,13 +191,14 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 
     Raises:
         OSError: the lock's folder or files cannot be created or opened.
-        NasError: ``search.latency_device: cuda`` on a trial without a GPU.
+        NasError: ``search.latency_device: cuda`` on a trial without a GPU; a bad ``search.latency_reference``;
+            a predictor fitted on another workload or reference arch.
     """
-    from nas.eval.scores import encode_sources
-    from nas.eval.latency import check_drift, measure_latency
-
     se = spec.search
     lock = lock if lock is not None else MeasureLock()
+    reference = resolve_reference(spec)
+    predictor = None if se.latency_predictor is None else _checked_predictor(spec, reference,
+                                                                             ratio=se.latency == "predicted")
     with lock.shared():
         src_text, refs = data.valid_text()
         src_ids, tgt_ids = data.load_split("valid")
@@ -144,22 +213,51 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
             "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens),
             "params_m": count_params(sub) / 1e6,
         }
-        predicted = None if se.latency_predictor is None else _predictor(str(se.latency_predictor)).predict(arch)
-        ids = encode_sources(tokenizer, src_text[: se.latency_sentences], model.max_positions // 2)
+        predicted = None if predictor is None else predictor.predict(arch)
     if se.latency == "predicted":
         metrics["latency_ms"] = predicted
+        metrics["latency_reference_ms"] = predictor.reference_ms
+        metrics["latency_ratio"] = predicted / predictor.reference_ms
         return metrics
-    sub = sub.to(latency_device(se.latency_device, next(model.parameters()).device))
-    metrics["latency_ms"] = measure_latency(sub, arch, ids, batch_size=1, beam_size=se.beam_size,
-                                            repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
-                                            lock=lock)
+    metrics.update(_measure(model, sub, arch, reference, spec, lock))
     if predicted is not None:
+        from nas.eval.latency import check_drift
+
         metrics["latency_pred_ms"] = predicted
         metrics["latency_drift"] = abs(predicted - metrics["latency_ms"]) / metrics["latency_ms"]
         warning = check_drift(predicted, metrics["latency_ms"])
         if warning:
             warnings.warn(f"{arch.summary()}: {warning}", stacklevel=2)
     return metrics
+
+
+def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, reference: Arch, spec: SweepSpec,
+             lock: MeasureLock) -> dict[str, float]:
+    """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of the extracted ``sub`` (see
+    :func:`score_arch`); the reference is extracted (lock shared) and timed (with ``sub``, lock exclusive) only
+    when this process has not timed it on this device, thread count and workload yet."""
+    from nas.eval.latency import measure_fixed_latency
+
+    se = spec.search
+    device = latency_device(se.latency_device, next(model.parameters()).device)
+    threads = max(1, int(se.cpu_per_trial))
+    workload = workload_of(se)
+    key = (reference.arch_id, json.dumps(model.config(), sort_keys=True, default=str), str(device), threads,
+           workload_tag(workload))
+    ref_model = None
+    if key not in _reference_ms:
+        with lock.shared():
+            ref_model = extract(model, reference).eval().to(device)
+    sub = sub.to(device)
+    time_it = lambda m, a: measure_fixed_latency(  # noqa: E731
+        m, a, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
+        batch_size=workload["batch"], repeats=se.latency_repeats, threads=threads)
+    with lock.exclusive():  # one hold for both: measure_fixed_latency is given no lock
+        if ref_model is not None:
+            _reference_ms[key] = time_it(ref_model, reference)
+        latency_ms = time_it(sub, arch)
+    reference_ms = _reference_ms[key]
+    return {"latency_ms": latency_ms, "latency_reference_ms": reference_ms, "latency_ratio": latency_ms / reference_ms}
 
 
 def feasibility(metrics: dict[str, float], spec: SweepSpec) -> dict[str, Any]:

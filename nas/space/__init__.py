@@ -11,6 +11,8 @@ What lives where (each module imports only those above it; none imports torch, R
 - :mod:`nas.space.schema`: the pydantic models of the YAML (:class:`SweepSpec` and its sections).
 - :mod:`nas.space.datafiles`: the up-front checks of the data files the YAML names.
 - :mod:`nas.space.predictor_file`: a latency predictor's file read without torch (format, feature names).
+- :mod:`nas.space.params`: :func:`arch_params`, a sub-Transformer's parameter count from its arch and the
+  supernet's fixed sizes (:class:`ModelSizes`).
 - :mod:`nas.space.space`: :class:`SearchSpace`, the space built from a spec (widest, narrowest, random and
   Optuna define-by-run archs).
 - :mod:`nas.space.loader`: :func:`load_spec` (YAML file -> checked :class:`SweepSpec`) and :func:`parse_spec`.
@@ -36,6 +38,7 @@ _HOMES = {
     "REDACTED": "schema", "FinetuneSpec": "schema", "JointStage": "schema", "SearchSpec": "schema",
     "SeqDistillStage": "schema", "SweepSpec": "schema", "TrainSpec": "schema", "WordDistillStage": "schema",
     "SearchSpace": "space", "format_count": "space",
+    "ModelSizes": "params", "arch_params": "params",
 }
 """Public name -> the module that defines it (loaded on first use, PEP 562: ``import nas.space.arch``, as the
 model does, stays free of pydantic and YAML)."""
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from nas.space.loader import load_spec, parse_spec
     from nas.space.schema import (REDACTED, FinetuneSpec, JointStage, SearchSpec, SeqDistillStage, SweepSpec,
                                   TrainSpec, WordDistillStage)
+    from nas.space.params import ModelSizes, arch_params
     from nas.space.space import SearchSpace, format_count
 
 
@@ -60,6 +64,7 @@ __all__ = [
     "JointStage",
     "LayerArch",
     "METRIC_NAMES",
+    "ModelSizes",
     "REDACTED",
     "SearchSpace",
     "SearchSpec",
@@ -69,6 +74,7 @@ __all__ = [
     "SweepSpec",
     "TrainSpec",
     "WordDistillStage",
+    "arch_params",
     "format_count",
     "load_spec",
     "parse_constraint",

@@ -27,9 +27,12 @@ from nas.errors import NasError
 __all__ = ["METRIC_NAMES", "CONSTRAINT_OPS", "WHERE_OPS", "Constraint", "parse_constraint", "split_comparison",
            "parse_bound", "violated"]
 
-METRIC_NAMES = ("bleu", "chrf", "valid_loss", "params_m", "latency_ms")
+METRIC_NAMES = ("bleu", "chrf", "valid_loss", "params_m", "latency_ms", "latency_ratio")
 """The metrics every scored trial reports (objectives and constraints name these). Units: BLEU and chrF in
-[0, 100], ``valid_loss`` in nats per target token, ``params_m`` in millions, ``latency_ms`` in milliseconds."""
+[0, 100], ``valid_loss`` in nats per target token, ``params_m`` in millions, ``latency_ms`` in milliseconds
+(the fixed workload ``search.latency_workload``), ``latency_ratio`` a plain ratio: ``latency_ms`` over the
+``search.latency_reference`` arch's ``latency_ms`` on the same device and workload (a budget that travels
+between machines)."""
 
 CONSTRAINT_OPS = ("<=", "<", ">=", ">")
 """Operators of a ``search.constraints`` entry (a bound: Optuna's constraints are inequalities)."""

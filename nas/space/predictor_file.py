@@ -1,10 +1,14 @@
 """The file of a fitted latency predictor, read without torch: its JSON sidecar and its weights' header.
 
 ``nas latency fit`` writes a predictor as ``<name>.safetensors`` (the MLP's weights) plus ``<name>.json`` (the
-sidecar: format, feature names, standardisation, model_dim, batch size, beam, device, metrics);
+sidecar: format, feature names, standardisation, model_dim, the latency workload it was timed on, the reference
+arch and its latency, device, metrics);
 :class:`nas.eval.latency.LatencyPredictor` loads both. A sweep YAML that names a predictor
 (``search.latency_predictor``) is checked with :func:`read_predictor_meta` here, so loading a YAML never
 imports torch (HAT, Wang et al. 2020, sec. 3.3: a predictor is fitted once per device).
+
+The latency workload (``search.latency_workload``, resolved by :func:`workload_of`) lives here too: the YAML
+layer, the sweep's tags and the predictor all name it without importing torch.
 
 Standard library only.
 """
@@ -14,11 +18,12 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from nas.errors import PredictorFileError
 
-__all__ = ["STACK_FEATURES", "FEATURE_NAMES", "PREDICTOR_FORMAT", "read_predictor_meta"]
+__all__ = ["STACK_FEATURES", "FEATURE_NAMES", "PREDICTOR_FORMAT", "WORKLOAD_KEYS", "read_predictor_meta",
+           "workload_of", "workload_tag", "workload_mismatch"]
 
 STACK_FEATURES = (
     "layers",
@@ -51,7 +56,33 @@ PREDICTOR_FORMAT = "nas-latency-predictor/1"
 
 _REQUIRED = ("model_dim", "hidden", "hidden_layers", "batch_size", "beam_size", "feature_mean", "feature_std",
              "target_mean", "target_std")
-"""Sidecar keys a predictor cannot be loaded without."""
+"""Sidecar keys a predictor cannot be loaded without (and ``workload``, checked on its own)."""
+
+WORKLOAD_KEYS = ("src_tokens", "tgt_tokens", "beam", "batch")
+"""Keys of a resolved latency workload, in the order of its tag."""
+
+
+def workload_of(search: Any) -> dict[str, int]:
+    """The resolved ``search.latency_workload`` of a :class:`~nas.space.schema.SearchSpec`: ``src_tokens`` (source
+    tokens, EOS included), ``tgt_tokens`` (decoder steps), ``beam`` (``None`` in the YAML: ``search.beam_size``)
+    and ``batch`` (sentences), all ints."""
+    w = search.latency_workload
+    return {"src_tokens": int(w.src_tokens), "tgt_tokens": int(w.tgt_tokens),
+            "beam": int(search.beam_size if w.beam is None else w.beam), "batch": int(w.batch)}
+
+
+def workload_tag(workload: Mapping[str, int]) -> str:
+    """One line for tags and file names: ``{"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}`` ->
+    ``"src30-tgt30-beam4-batch1"``."""
+    return (f"src{workload['src_tokens']}-tgt{workload['tgt_tokens']}-beam{workload['beam']}"
+            f"-batch{workload['batch']}")
+
+
+def workload_mismatch(fitted: Mapping[str, Any], wanted: Mapping[str, int]) -> str | None:
+    """How the workload a predictor was ``fitted`` on differs from the ``wanted`` one (``"tgt_tokens 20 vs 30;
+    beam 5 vs 4"``: fitted vs wanted), or None when they are the same."""
+    diffs = [f"{k} {fitted.get(k)} vs {wanted[k]}" for k in WORKLOAD_KEYS if fitted.get(k) != wanted[k]]
+    return "; ".join(diffs) or None
 
 
 def _check_weights_header(path: Path) -> None:
@@ -79,18 +110,22 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
     """The sidecar of the predictor whose weights are ``path`` (``path`` with suffix ``.json``), checked.
 
     Checks: the sidecar is JSON with :data:`PREDICTOR_FORMAT`, the predictor was fitted on this version's
-    :data:`FEATURE_NAMES` (same names, same order), it has every key a predictor needs, and the weights file
-    has a safetensors header.
+    :data:`FEATURE_NAMES` (same names, same order), it names the latency workload it was timed on (a predictor
+    fitted before ``latency_ms`` became the fixed workload has none), it has every key a predictor needs, and the
+    weights file has a safetensors header.
 
     Returns:
-        The sidecar mapping: ``model_dim`` (channels), ``batch_size`` (sentences), ``beam_size``,
-        ``hidden``/``hidden_layers`` (MLP), ``feature_mean``/``feature_std``, ``target_mean``/``target_std``
-        (of log milliseconds), ``device``, ``metrics``.
+        The sidecar mapping: ``model_dim`` (channels), ``workload`` (:data:`WORKLOAD_KEYS`), ``batch_size``
+        (sentences) and ``beam_size`` (the workload's), ``hidden``/``hidden_layers`` (MLP),
+        ``feature_mean``/``feature_std``, ``target_mean``/``target_std`` (of log milliseconds), ``reference_ms``
+        (the reference arch's measured latency, ms; None when not measured) and ``reference_arch``
+        (:meth:`Arch.to_json`; None likewise), ``device``, ``metrics``.
 
     Raises:
         FileNotFoundError: the weights or the sidecar is missing.
-        PredictorFileError: the sidecar is not JSON or not a predictor's, it was fitted on other features (refit with
-            ``nas latency fit``), a key is missing, or the weights file is not safetensors.
+        PredictorFileError: the sidecar is not JSON or not a predictor's, it was fitted on other features or without
+            a latency workload (refit with ``nas latency fit``), a key is missing, or the weights file is not
+            safetensors.
     """
     path = Path(path)
     sidecar = path.with_suffix(".json")
@@ -108,6 +143,11 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
         raise PredictorFileError(f"predictor {path} was fitted on features {names}; this version computes "
                          f"{list(FEATURE_NAMES)} (missing: {missing}, unknown: {extra}, or another order); "
                          f"refit with `nas latency fit`")
+    workload = meta.get("workload")
+    if not isinstance(workload, dict) or any(not isinstance(workload.get(k), int) for k in WORKLOAD_KEYS):
+        raise PredictorFileError(f"predictor {path} names no latency workload ({sidecar} has workload={workload!r}): it "
+                                 f"was fitted on real sentences before latency_ms became the fixed workload "
+                                 f"search.latency_workload; refit with `nas latency fit`")
     absent = [k for k in _REQUIRED if k not in meta]
     if absent:
         raise PredictorFileError(f"{sidecar} lacks {', '.join(absent)}; refit with `nas latency fit`")

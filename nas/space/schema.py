@@ -21,7 +21,7 @@ from nas.space.constraints import Constraint, parse_constraint
 
 __all__ = ["SweepSpec", "DataSpec", "PairFiles", "TokenizerSpec", "SupernetSpec", "Dimension", "SpaceSpec",
            "JointStage", "WordDistillStage", "SeqDistillStage", "StageSpec", "STAGE_ORDER", "TrainSpec",
-           "MetricSpec", "FinetuneSpec", "SearchSpec", "ResourcesSpec", "TrackingSpec", "OPTUNA_STORAGE_SCHEMES",
+           "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec", "ResourcesSpec", "TrackingSpec", "OPTUNA_STORAGE_SCHEMES",
            "REDACTED"]
 
 # REDACTED (:mod:`nas.redact`) is what values interpolated from the environment (``${VAR}``) are replaced by
@@ -322,7 +322,7 @@ class TrainSpec(_Strict):
 
 
 class MetricSpec(_Strict):
-    name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms"]  # constraints.METRIC_NAMES
+    name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms", "latency_ratio"]  # constraints.METRIC_NAMES
     goal: Literal["maximize", "minimize"]
 
 
@@ -357,9 +357,53 @@ class FinetuneSpec(_Strict):
         return self
 
 
+class LatencyWorkloadSpec(_Strict):
+    """The fixed workload that defines ``latency_ms`` (HAT sec. 4: batch 1, a 30-token source, exactly 30
+    decoder steps): encode ``batch`` sources of ``src_tokens`` tokens, then run exactly ``tgt_tokens`` decoder
+    steps of beam search with EOS held back, so the time depends on the arch and the device, never on the
+    weights."""
+
+    src_tokens: int = Field(30, ge=1)
+    """Source length (subword tokens, EOS included)."""
+    tgt_tokens: int = Field(30, ge=1)
+    """Decoder steps (the last emits EOS)."""
+    beam: int | None = Field(None, ge=1)
+    """Beams per sentence (None: ``search.beam_size``)."""
+    batch: int = Field(1, ge=1)
+    """Sentences per batch."""
+
+
+class EvolutionSpec(_Strict):
+    """``search.method: evolution``: HAT's two-level search (Wang et al. 2020, sec. 3.3-3.4) on this stack.
+
+    Level 1 scores ``population x generations`` sub-Transformers cheaply with inherited weights (``score`` on
+    the first ``subset_sentences`` validation sentences) and a latency predictor fitted in the same sweep on
+    ``predictor_samples`` timed archs, with Optuna's NSGA-II sampler through ask/tell (its study beside the
+    sweep's, so level 1 resumes after a kill). Level 2 scores ``search.trials`` archs of level 1's Pareto front
+    as ordinary trials (beam BLEU, chrF, measured ``latency_ms``)."""
+
+    population: int = Field(100, ge=2)
+    """Candidates per generation (NSGA-II ``population_size``)."""
+    generations: int = Field(10, ge=1)
+    """Generations; level 1 scores ``population x generations`` candidates."""
+    mutation_prob: float | None = Field(None, gt=0, le=1)
+    """Probability that a gene (one Optuna parameter) is redrawn (None: NSGA-II's 1 / genes)."""
+    crossover_prob: float = Field(0.9, ge=0, le=1)
+    """Probability that a child comes from crossover of two parents (NSGA-II)."""
+    subset_sentences: int = Field(200, ge=1)
+    """Validation sentences (the first N) that level 1 scores each candidate on."""
+    score: Literal["valid_loss", "greedy_bleu"] = "valid_loss"
+    """Level 1's score: teacher-forced validation loss (nats/token, minimized) or greedy BLEU (maximized)."""
+    predictor_samples: int = Field(40, ge=4)
+    """Archs timed on the fixed workload to fit level 1's latency predictor (ignored with
+    ``search.latency_predictor``)."""
+    batch_size: int = Field(25, ge=1)
+    """Candidates a Ray Tune trial scores (Ray's overhead is paid once a batch)."""
+
+
 class SearchSpec(_Strict):
-    method: Literal["tpe", "nsga2", "gp", "random"] = "tpe"
-    """Optuna sampler."""
+    method: Literal["tpe", "nsga2", "gp", "random", "evolution"] = "tpe"
+    """Optuna sampler; ``evolution`` is the two-level search (:class:`EvolutionSpec`, key ``evolution``)."""
     trials: int = Field(8, ge=1)
     max_concurrent: int = Field(2, ge=1)
     cpu_per_trial: float = Field(1.0, gt=0)
@@ -375,6 +419,14 @@ class SearchSpec(_Strict):
     latency_repeats: int = Field(3, ge=1)
     """Timed passes over the ``latency_sentences`` (after one untimed warm-up pass); ``latency_ms`` is the median
     of all ``latency_sentences * latency_repeats`` timings."""
+    latency_workload: LatencyWorkloadSpec = LatencyWorkloadSpec()
+    """What ``latency_ms`` times (:class:`LatencyWorkloadSpec`; default a 30-token source, 30 decoder steps,
+    beam ``beam_size``, batch 1)."""
+    latency_reference: str = "narrowest"
+    """The arch ``latency_ratio`` divides by: ``narrowest``, ``widest``, ``middle`` or an arch as JSON
+    (``Arch.to_json``), timed once per worker process and device on the same workload."""
+    evolution: EvolutionSpec = EvolutionSpec()
+    """Settings of ``method: evolution`` (ignored by the other methods)."""
     latency_device: Literal["trial", "cpu", "cuda"] = "trial"
     """Where ``latency_ms`` is timed: ``trial``, the device the trial scores on (its GPU with ``gpu_per_trial``
     > 0, else the CPU); ``cpu``, the CPU even when the trial scores on a GPU (a model to be served on CPUs,

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from nas.space.arch import LAYOUTS, Arch, StackArch
+from nas.space.params import ModelSizes, arch_params
 from nas.space.schema import Dimension, SweepSpec
 
 if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
@@ -63,6 +66,9 @@ class SearchSpace:
     ``model_widths`` are the type-1 model widths C (Scalable Transformers sec. 3.2; Optuna
     parameter ``model_width``, chosen first), ``(None,)`` when the space keeps the supernet's;
     ``tie[name] = scale`` makes a dimension ``scale * C`` in every layer instead of a choice.
+
+    ``sizes`` are the supernet's fixed sizes (:class:`~nas.space.params.ModelSizes`) that parameter counts
+    (:meth:`params`, :meth:`middle`) need; :meth:`from_spec` sets them.
     """
 
     layers: Mapping[str, tuple[int, ...]]
@@ -71,6 +77,15 @@ class SearchSpace:
     when: Mapping[str, tuple[str, Any] | None]
     model_widths: tuple[int | None, ...] = (None,)
     tie: Mapping[str, int] = field(default_factory=dict)
+    sizes: ModelSizes | None = None
+
+    MIDDLE_EXHAUSTIVE = 4096
+    """Spaces of at most this many archs (:meth:`size`) are searched exhaustively by :meth:`middle`."""
+    MIDDLE_SAMPLES = 1024
+    """Random archs :meth:`middle` draws as candidates (besides the uniform ones)."""
+    MIDDLE_UNIFORM = 4096
+    """The most uniform archs (one value per dimension in every layer) :meth:`middle` enumerates; a space with
+    more draws this many of them at random."""
 
     @classmethod
     def from_spec(cls, spec: SweepSpec) -> "SearchSpace":
@@ -99,9 +114,10 @@ class SearchSpace:
         values["unit_bias"] = tuple(dims["unit_bias"].values)
         values["unit_dependency"] = tuple(dims["unit_dependency"].values)
         values["kernels"] = tuple(sorted((tuple(sorted(v)) for v in dims["kernels"].values), key=lambda k: (len(k), k)))
-        return cls(layers=layers, dims=values, per_layer={n: d.per_layer for n, d in dims.items()},
-                   when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()},
-                   model_widths=model_widths, tie=tie)
+        space = cls(layers=layers, dims=values, per_layer={n: d.per_layer for n, d in dims.items()},
+                    when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()},
+                    model_widths=model_widths, tie=tie)
+        return dataclasses.replace(space, sizes=ModelSizes.from_spec(spec, space.supernet_maxima(spec)))
 
     def supernet_maxima(self, spec: SweepSpec) -> Arch:
         """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN,
@@ -182,11 +198,83 @@ class SearchSpace:
             raise ValueError(f"layout {layout!r} is not in the space; it has {', '.join(self.layouts)}")
         return lambda name, values: layout if layout is not None and _dimension(name) == "layout" else values[0]
 
+    def params(self, arch: Arch) -> int:
+        """Parameters of ``arch``'s standalone model without the word embedding (the same in every arch of the
+        space): :func:`nas.space.params.arch_params` with :attr:`sizes`.
+
+        Raises:
+            ValueError: the space has no :attr:`sizes` (built without :meth:`from_spec`).
+        """
+        if self.sizes is None:
+            raise ValueError("this SearchSpace has no supernet sizes to count parameters with; "
+                             "build it with SearchSpace.from_spec(spec)")
+        return arch_params(arch, self.sizes)
+
     def middle(self) -> Arch:
-        """A reference sub-Transformer between the two ends: the middle value of every numeric choice
-        (the upper middle of an even count) and the first of every string choice."""
-        return self._uniform(lambda name, values: values[0] if _dimension(name) in STRING_DIMENSIONS
-                             else values[len(values) // 2])
+        """The reference sub-Transformer between the two ends: the one whose parameter count is nearest the mean
+        of :meth:`narrowest`'s and :meth:`widest`'s (the word embedding, equal in all, left out), every
+        name-valued choice at its first value as at the two ends.
+
+        A space of at most :attr:`MIDDLE_EXHAUSTIVE` archs is enumerated. A larger one is searched (the
+        quickstart's has 331,776 archs): the candidates are the uniform archs (every numeric dimension at one of its values in every layer, each depth and model
+        width; all of them up to :attr:`MIDDLE_UNIFORM`, else that many drawn at random) and
+        :attr:`MIDDLE_SAMPLES` random archs, drawn with fixed seeds; ties go to the smallest ``arch_id``, so
+        every call and every process gets the same arch. Where every dimension has two values, the old
+        "middle value of every choice" was the widest; this one is not.
+
+        Raises:
+            ValueError: the space has no :attr:`sizes` (built without :meth:`from_spec`).
+        """
+        return self._middle
+
+    @functools.cached_property
+    def _middle(self) -> Arch:
+        target2 = self.params(self.narrowest()) + self.params(self.widest())  # twice the mean: integers only
+        best = min(self._middle_candidates(), key=lambda a: (abs(2 * self.params(a) - target2), a.arch_id))
+        return best
+
+    def _middle_candidates(self) -> Iterator[Arch]:
+        """:meth:`middle`'s candidates, name-valued choices at their first: every arch of a small space, else
+        uniform archs, then random ones."""
+        numeric = lambda name: _dimension(name) not in STRING_DIMENSIONS
+        if self.size() <= self.MIDDLE_EXHAUSTIVE:
+            yield from self._enumerate(numeric)
+            return
+        keys = ["model_width", "encoder.layers", "decoder.layers",
+                *(n for n in ORDER if n not in STRING_DIMENSIONS and n not in self.tie)]
+        choices = {"model_width": self.model_widths, "encoder.layers": self.layers["encoder"],
+                   "decoder.layers": self.layers["decoder"], **{n: self.dims[n] for n in keys[3:]}}
+        key_of = lambda name: name if name in choices and name not in self.dims else _dimension(name)
+        rng = random.Random(0)
+        total = math.prod(len(choices[k]) for k in keys)
+        if total <= self.MIDDLE_UNIFORM:
+            combos = itertools.product(*(choices[k] for k in keys))
+        else:
+            combos = (tuple(rng.choice(choices[k]) for k in keys) for _ in range(self.MIDDLE_UNIFORM))
+        for combo in combos:
+            value = dict(zip(keys, combo))
+            yield self._uniform(lambda name, values: value[key_of(name)] if numeric(name) else values[0])
+        rng = random.Random(1)
+        for _ in range(self.MIDDLE_SAMPLES):
+            yield self._uniform(lambda name, values: rng.choice(values) if numeric(name) else values[0])
+
+    def _enumerate(self, free: Callable[[str], bool]) -> Iterator[Arch]:
+        """Every arch of the space (depth first over the define-by-run choices), the parameters where
+        ``free(name)`` is false held at their first value."""
+        pending: list[list[int]] = [[]]  # choice indices of a prefix of the choices; the rest take index 0
+        while pending:
+            prefix = pending.pop()
+            counts: list[int] = []  # the number of values of each choice made
+
+            def choose(name: str, values: tuple) -> Any:
+                i = len(counts)
+                counts.append(len(values) if free(name) else 1)
+                return values[prefix[i] if i < len(prefix) else 0]
+
+            yield self._uniform(choose)
+            taken = prefix + [0] * (len(counts) - len(prefix))
+            for j in range(len(prefix), len(counts)):  # later choices' other values: new subtrees
+                pending.extend(taken[:j] + [k] for k in range(1, counts[j]))
 
     def references(self) -> dict[str, Arch]:
         """The fixed reference sub-Transformers scored at the end of each training stage:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 import random
 
 import optuna
@@ -385,3 +386,64 @@ def test_unit_bias_is_a_training_setting_not_a_search_dimension():
             for stack in (arch.encoder, arch.decoder):
                 assert all(b == (bias if u > 1 else "identity") for b, u in zip(stack.unit_bias, stack.units))
     assert sizes[0] == sizes[1] == (2 ** 2) ** 2  # units per layer only: 2 layers x 2 stacks
+
+
+# ---- the middle reference: nearest the mean parameter count ---------------------------------------------
+
+QUICKSTART_LIKE = {  # search_spaces/quickstart.yaml's space: every dimension has two values
+    "encoder_layers": {"values": [2, 3]},
+    "decoder_layers": {"values": [2, 3]},
+    "width": {"values": [64, 128], "per_layer": True},
+    "ffn_width": {"values": [256, 512], "per_layer": True},
+    "branches": {"values": [1, 2], "per_layer": True},
+}
+QUICKSTART_SUPERNET = dict(model_dim=128, heads=4, encoder_layers=3, decoder_layers=3, ffn_width=512, branches=2)
+
+
+def test_middle_of_a_two_value_space_is_not_the_widest_and_lies_strictly_between_the_ends():
+    space, _ = make_space(QUICKSTART_LIKE, **QUICKSTART_SUPERNET)
+    middle, narrow, wide = space.middle(), space.narrowest(), space.widest()
+    assert middle != wide and middle != narrow
+    assert space.params(narrow) < space.params(middle) < space.params(wide)
+    mean = (space.params(narrow) + space.params(wide)) / 2
+    assert abs(space.params(middle) - mean) <= 0.01 * mean
+
+
+def test_middle_is_the_arch_nearest_the_mean_count_among_every_arch_of_a_small_space():
+    space, _ = make_space(SMALL)
+    target2 = space.params(space.narrowest()) + space.params(space.widest())
+    best = min(abs(2 * space.params(a) - target2) for a in brute_force_archs([1, 2], [8, 16], [16, 32], [1, 2]))
+    assert abs(2 * space.params(space.middle()) - target2) == best
+
+
+def test_middle_is_the_same_arch_in_every_build_of_the_space_and_after_pickling():
+    first, _ = make_space(QUICKSTART_LIKE, **QUICKSTART_SUPERNET)
+    again, _ = make_space(QUICKSTART_LIKE, **QUICKSTART_SUPERNET)
+    assert first.middle().arch_id == again.middle().arch_id
+    assert pickle.loads(pickle.dumps(again)).middle() == first.middle()
+
+
+def test_references_and_the_middle_point_use_the_nearest_to_mean_middle():
+    space, _ = make_space(QUICKSTART_LIKE, **QUICKSTART_SUPERNET)
+    assert space.references() == {"narrowest": space.narrowest(), "middle": space.middle(), "widest": space.widest()}
+    assert space.from_params(space.point_params(["middle"])[0]) == space.middle()
+
+
+def test_middle_keeps_the_first_layout_as_the_two_ends_do():
+    space, _ = make_space(CONDITIONAL, kernels=[3, 7])
+    assert set(space.middle().encoder.layout) == set(space.middle().decoder.layout) == {"sequential"}
+    assert space.params(space.narrowest()) < space.params(space.middle()) < space.params(space.widest())
+
+
+def test_a_space_built_without_its_supernet_sizes_refuses_to_count():
+    space, _ = make_space(SMALL)
+    bare = SearchSpace(layers=space.layers, dims=space.dims, per_layer=space.per_layer, when=space.when)
+    with pytest.raises(ValueError, match="from_spec"):
+        bare.middle()
+
+
+def test_a_small_space_is_enumerated_for_its_middle_every_arch_once():
+    space, _ = make_space(SMALL)
+    archs = list(space._enumerate(lambda name: True))
+    assert len(archs) == len(set(archs)) == space.size()
+    assert set(archs) == brute_force_archs([1, 2], [8, 16], [16, 32], [1, 2])
