@@ -1,15 +1,16 @@
-"""Is a trial's ``latency_ms`` the latency the user gets? Repeatability and order of measured latencies.
+"""Is a trial's ``latency_ms`` the latency the arch has? Repeatability and order of measured latencies.
 
 Run: ``python benchmarks/bench_latency.py [search_spaces/quickstart.yaml] [--rounds 5] [--archs 2] [--scorers 1]``
 (on an otherwise idle machine)
 
-Sub-Transformers of the space: the widest, the middle, the narrowest and ``--archs`` random ones (seeded),
-extracted from the supernet (the trained one in ``<workdir>/<name>/supernet`` if there is one, else
-``nas.builders.build_supernet``'s untrained weights; ``--supernet DIR`` picks one). Each is measured as a
-sweep's trial measures it (:func:`nas.eval.latency.measure_latency`: batch size 1, beam ``search.beam_size``,
-``search.latency_sentences`` validation sentences, ``search.latency_repeats`` timed passes after a warm-up,
-``search.cpu_per_trial`` threads), ``--rounds`` times, the archs interleaved in every round. Printed side by
-side from one run, for three conditions:
+Sub-Transformers of the space: the widest, the middle, the narrowest, ``--archs`` random ones (seeded) and the
+reference of ``latency_ratio`` (``search.latency_reference``), extracted from the supernet (the trained one in
+``<workdir>/<name>/supernet`` if there is one, else ``nas.builders.build_supernet``'s untrained weights;
+``--supernet DIR`` picks one: the fixed workload does not depend on the weights). Each is measured as a sweep's
+trial measures it (:func:`nas.eval.latency.measure_fixed_latency` on ``search.latency_workload``: a dummy source,
+exactly ``tgt_tokens`` beam-search decoder steps, ``search.latency_repeats`` timed runs after 5 untimed ones, the
+top and bottom 10% dropped, ``search.cpu_per_trial`` threads), ``--rounds`` times, the archs interleaved in every
+round. Printed side by side from one run, for three conditions:
 
 - ``alone``: nothing else of ours computes;
 - ``locked``: ``--scorers`` processes decode validation sentences beside it (as other trials score their
@@ -17,10 +18,10 @@ side from one run, for three conditions:
 - ``unlocked``: the same scorers, no lock (a sweep before the lock).
 
 Per arch and condition: median, min and max of the rounds' latencies (ms) and the spread
-``(max - min) / median`` (goal: within 10%); then the dominance violations: pairs where a sub-Transformer whose
-every dimension is at most another's (depth, and per layer width, FFN width, branches, paths, units; same
-layout and kernels) measured slower than it in some round. ``out tokens`` is the mean hypothesis length,
-the same in every condition: a narrower arch that writes longer translations may rightly take longer.
+``(max - min) / median`` (goal: within 10%), and the arch's ``latency_ratio`` (its median over the reference's,
+first condition); then the dominance violations: pairs where a sub-Transformer whose every dimension is at most
+another's (depth, and per layer width, FFN width, branches, paths, units; same layout and kernels) measured slower
+than it in some round. With a fixed number of decoder steps no output length excuses such a violation.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ import torch
 
 from nas.data import EOS_ID
 from nas.builders import build_space, build_supernet, prepare_sweep_data
-from nas.eval.latency import measure_latency
+from nas.eval.latency import measure_fixed_latency, resolve_reference, workload_of, workload_tag
 from nas.eval.measure_lock import MeasureLock
-from nas.eval.scores import encode_sources
 from nas.model.decode import beam_search
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, extract
@@ -105,7 +105,7 @@ def _padded(rows: list[list[int]]) -> torch.Tensor:
     return src
 
 
-def _measure(condition: str, args, spec, archs: dict[str, Arch], subs: dict, ids, folder: str) -> dict[str, list]:
+def _measure(condition: str, args, spec, archs: dict[str, Arch], subs: dict, folder: str) -> dict[str, list]:
     """``--rounds`` interleaved measurements of every arch under ``condition``: name -> [ms per round]."""
     ctx = multiprocessing.get_context("spawn")
     stop, procs = ctx.Event(), []
@@ -119,13 +119,15 @@ def _measure(condition: str, args, spec, archs: dict[str, Arch], subs: dict, ids
         time.sleep(1.0)  # the scorers are decoding
     lock = MeasureLock(folder) if condition != "unlocked" else None
     se = spec.search
+    w = workload_of(se)
     try:
         times: dict[str, list] = {name: [] for name in archs}
         for _ in range(args.rounds):
             for name, arch in archs.items():
-                times[name].append(measure_latency(subs[name], arch, ids, batch_size=1, beam_size=se.beam_size,
-                                                   repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
-                                                   lock=lock))
+                times[name].append(measure_fixed_latency(
+                    subs[name], arch, src_tokens=w["src_tokens"], tgt_tokens=w["tgt_tokens"], beam_size=w["beam"],
+                    batch_size=w["batch"], repeats=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
+                    lock=lock))
         return times
     finally:
         stop.set()
@@ -139,7 +141,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="measurements per arch and condition")
     parser.add_argument("--archs", type=int, default=2, help="random archs besides widest, middle and narrowest")
     parser.add_argument("--scorers", type=int, default=1, help="background scoring processes (locked, unlocked)")
-    parser.add_argument("--sentences", type=int, default=None, help="default: search.latency_sentences")
     parser.add_argument("--supernet", default=None, help="supernet folder (default: the trained one, if any)")
     parser.add_argument("--conditions", default=",".join(CONDITIONS), help="comma-separated subset of "
                                                                           + ", ".join(CONDITIONS))
@@ -157,26 +158,27 @@ def main() -> None:
     archs = {"widest": space.widest(), "middle": space.middle()}
     archs.update({f"random {i}": space.sample(rng) for i in range(args.archs)})
     archs["narrowest"] = space.narrowest()
+    reference = resolve_reference(spec, space)
+    ref_name = next((name for name, arch in archs.items() if arch == reference), "reference")
+    archs.setdefault(ref_name, reference)
     subs = {name: extract(model, arch).eval() for name, arch in archs.items()}
-    src_text, _ = data.valid_text()
-    ids = encode_sources(data.tokenizer(), src_text[: args.sentences or se.latency_sentences], model.max_positions // 2)
-    out_tokens = {name: statistics.mean(len(beam_search(subs[name], _padded([s]), arch, beam_size=se.beam_size)[0])
-                                        for s in ids) for name, arch in archs.items()}
     with tempfile.TemporaryDirectory() as folder:  # this run's own lock: a sweep running beside it is not waited for
-        results = {c: _measure(c, args, spec, archs, subs, ids, folder) for c in conditions}
+        results = {c: _measure(c, args, spec, archs, subs, folder) for c in conditions}
 
-    print(f"{spec.name}: {where}; batch 1, beam {se.beam_size}, {len(ids)} sentences x {se.latency_repeats} "
-          f"timed passes, {max(1, int(se.cpu_per_trial))} thread(s); {args.rounds} interleaved rounds per "
-          f"condition; {args.scorers} background scorer(s) in locked/unlocked")
+    print(f"{spec.name}: {where}; workload {workload_tag(workload_of(se))} x {se.latency_repeats} timed runs, "
+          f"{max(1, int(se.cpu_per_trial))} thread(s); {args.rounds} interleaved rounds per condition; "
+          f"{args.scorers} background scorer(s) in locked/unlocked; reference ({se.latency_reference}): {ref_name}")
     head = "".join(f"{c + ' median':>16}{'min':>8}{'max':>8}{'spread':>8}" for c in conditions)
-    print(f"{'arch':<11}{'out tokens':>11}{head}  sub-Transformer")
+    print(f"{'arch':<11}{'ratio':>7}{head}  sub-Transformer")
+    first = results[conditions[0]]
     for name, arch in archs.items():
         cells = ""
         for c in conditions:
             v = results[c][name]
             med = statistics.median(v)
             cells += f"{med:>16.2f}{min(v):>8.2f}{max(v):>8.2f}{(max(v) - min(v)) / med:>8.1%}"
-        print(f"{name:<11}{out_tokens[name]:>11.1f}{cells}  {arch.summary()}")
+        ratio = statistics.median(first[name]) / statistics.median(first[ref_name])
+        print(f"{name:<11}{ratio:>7.3f}{cells}  {arch.summary()}")
     pairs = [(a, b) for a in archs for b in archs if a != b and at_most(archs[a], archs[b]) and archs[a] != archs[b]]
     for c in conditions:
         v = results[c]

@@ -700,51 +700,37 @@ def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -
 
 @latency_app.command("fit")
 def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
-                samples: int = typer.Option(100, min=2, help="Sub-Transformers to measure (widest, narrowest, then random; at least 2)."),
-                batch_size: int = typer.Option(1, min=1, help="Sentences per batch when timing."),
-                sentences: Optional[int] = typer.Option(None, min=1, help="Validation sentences timed (default: search.latency_sentences)."),
+                samples: int = typer.Option(100, min=2, help="Sub-Transformers to measure (widest, narrowest, then random; at least 2; plus the latency reference)."),
                 threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: search.cpu_per_trial)."),
-                out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_b<B>.safetensors)."),
+                out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_<workload>.safetensors)."),
                 seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
-    """Measure sub-Transformers on this machine, fit a latency predictor and report its held-out RMSE and MAPE."""
+    """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), fit a latency
+    predictor and report its held-out RMSE and MAPE; it keeps the reference arch's latency for latency_ratio."""
     spec = _load(file, check_predictor=False)  # it may name the file this writes
-    n_sent = sentences or spec.search.latency_sentences
-    if n_sent < batch_size:  # checked before any data is prepared or model loaded
-        _fail(f"--batch-size {batch_size} needs at least as many sentences; got {n_sent} (--sentences)")
-    target = out_file or spec.run_dir / f"latency_b{batch_size}.safetensors"
+    from nas.space.predictor_file import workload_of, workload_tag
+
+    workload = workload_tag(workload_of(spec.search))
+    target = out_file or spec.run_dir / f"latency_{workload}.safetensors"
     _output_file(target)
-    from nas.data import DataError
-    from nas.eval.scores import encode_sources
-    from nas.eval.latency import LatencyPredictor, collect_samples
+    from nas.eval.latency import collect_fixed_samples, fit_predictor_file
     from nas.eval.measure_lock import MeasureLock
     from nas.io import atomic_write_text
     from nas.model.io import load_model
-    from nas.builders import prepare_sweep_data
-    from nas.space.space import SearchSpace
 
     supernet_dir = spec.run_dir / "supernet"
     if not (supernet_dir / "supernet.safetensors").is_file():
         _fail(f"no trained supernet in {supernet_dir}; run `nas sweep {file}` or `nas train {file}` first")
-    try:
-        data = prepare_sweep_data(spec)
-    except DataError as e:
-        _fail(str(e))
     model = load_model(supernet_dir, "supernet").eval()
-    src_text, _ = data.valid_text()
-    ids = encode_sources(data.tokenizer(), src_text[:n_sent], model.max_positions // 2)
-    measured = collect_samples(model, SearchSpace.from_spec(spec), ids, samples, seed=seed, batch_sizes=(batch_size,),
-                               beam_size=spec.search.beam_size, repeats=spec.search.latency_repeats,
-                               threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=MeasureLock())
-    predictor = LatencyPredictor(model.model_dim, batch_size=batch_size, beam_size=spec.search.beam_size,
-                                 device=measured[0]["device"])
     try:
-        metrics = predictor.fit(measured, seed=seed)
+        measured = collect_fixed_samples(model, spec, samples, seed=seed, threads=threads, lock=MeasureLock(),
+                                         progress=True)
+        metrics = fit_predictor_file(measured, spec, target, seed=seed)
     except NasError as e:
         _fail(str(e))
-    predictor.save(target)
     atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
-    out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, batch {batch_size}, "
-              f"beam {spec.search.beam_size}")
+    reference = next(s for s in measured if s["reference"])
+    out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, workload {workload}; "
+              f"reference ({spec.search.latency_reference}) {reference['latency_ms']:.2f} ms", highlight=False)
     out.print(f"held-out RMSE {metrics['rmse_ms']:.2f} ms, MAPE {metrics['mape']:.1f}% "
               f"({int(metrics['holdout_samples'])} of {len(measured)} held out); predictor: {target}")
 

@@ -18,6 +18,7 @@ checkpoint a model-only snapshot ``snapshots/step_{step:08d}.safetensors`` is wr
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import sys
@@ -41,7 +42,7 @@ from nas import faults
 from nas.errors import NasError
 from nas.builders import build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
-from nas.eval.scores import corpus_scores, translate, valid_loss
+from nas.eval.validation import ValidationSet, validation_scores
 from nas.io import atomic_path, atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer
@@ -141,6 +142,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     if tr.threads:
         torch.set_num_threads(tr.threads)
     space = SearchSpace.from_spec(spec)
+    valid = functools.cache(lambda: ValidationSet.load(data))  # read on the first evaluation, by the main rank
     check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
     plan = tr.stage_plan
     model = build_supernet(spec, data.vocab_size).to(device)
@@ -233,7 +235,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         else:
             bar.update(task, completed=state["step"])
         if at.is_last_step and tr.stage_eval:  # the reference sub-Transformers after each stage
-            scores = broadcast(lambda: _reference_scores(model, data, spec, space), main)
+            scores = broadcast(lambda: _reference_scores(model, valid(), spec, space), main)
             model.train()
             state["stage_scores"][str(at.number)] = scores
             if main:
@@ -258,7 +260,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     if main:
         save_model(model, out_dir, SUPERNET)
     last = state["stage_scores"].get(str(STAGE_NUMBERS[plan[-1].name])) if tr.stage_eval else None
-    final = broadcast(lambda: _final_scores(model, data, spec, widest, last), main)
+    final = broadcast(lambda: _final_scores(model, valid(), spec, widest, last), main)
     stage_scores = {f"stage{n}_{k}": v for n, scores in state["stage_scores"].items() for k, v in scores.items()}
     state["final"] = {**final, **stage_scores, "train_seconds": state["elapsed_s"],
                       "epochs": state["epoch"] + state["position"] / max(len(batchers[state["corpus"]]), 1)}
@@ -296,16 +298,13 @@ def _distilled_corpus(model: SuperTransformer, widest: Arch, train_src: Sequence
     return src, tgt
 
 
-def _reference_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec,
+def _reference_scores(model: SuperTransformer, valid: ValidationSet, spec: SweepSpec,
                       space: SearchSpace) -> dict[str, float]:
     """Validation BLEU/chrF (beam ``train.eval_beam_size``) of the narrowest, middle and widest sub-Transformers."""
-    src_text, ref_text = data.valid_text()
-    tokenizer = data.tokenizer()
     out: dict[str, float] = {}
     for name, arch in space.references().items():
-        scores = corpus_scores(translate(model, tokenizer, src_text, arch, beam_size=spec.train.eval_beam_size),
-                               ref_text)
-        out[f"bleu_{name}"], out[f"chrf_{name}"] = scores.bleu, scores.chrf
+        scores = validation_scores(model, arch, valid, beam_size=spec.train.eval_beam_size, loss=False)
+        out[f"bleu_{name}"], out[f"chrf_{name}"] = scores["bleu"], scores["chrf"]
     return out
 
 
@@ -335,17 +334,12 @@ def _as_tuple(x: Any) -> Any:
     return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
-def _final_scores(model: SuperTransformer, data: PreparedData, spec: SweepSpec, widest,
+def _final_scores(model: SuperTransformer, valid: ValidationSet, spec: SweepSpec, widest,
                   last_stage: dict[str, float] | None) -> dict[str, float]:
     """Validation BLEU/chrF (beam search) and loss of the widest sub-Transformer; BLEU/chrF are taken
     from ``last_stage`` (the reference scores at the end of the last stage, same weights) when given."""
+    beam_size = None if last_stage is not None else spec.train.eval_beam_size
+    scores = validation_scores(model, widest, valid, beam_size=beam_size, max_tokens=spec.train.max_tokens)
     if last_stage is not None:
-        bleu, chrf = last_stage["bleu_widest"], last_stage["chrf_widest"]
-    else:
-        src_text, ref_text = data.valid_text()
-        scores = corpus_scores(translate(model, data.tokenizer(), src_text, widest,
-                                         beam_size=spec.train.eval_beam_size), ref_text)
-        bleu, chrf = scores.bleu, scores.chrf
-    src, tgt = data.load_split("valid")
-    return {"widest_bleu": bleu, "widest_chrf": chrf,
-            "widest_valid_loss": valid_loss(model, src, tgt, widest, max_tokens=spec.train.max_tokens)}
+        scores["bleu"], scores["chrf"] = last_stage["bleu_widest"], last_stage["chrf_widest"]
+    return {"widest_bleu": scores["bleu"], "widest_chrf": scores["chrf"], "widest_valid_loss": scores["valid_loss"]}

@@ -49,17 +49,21 @@ from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch, StackArch
 from nas.space.predictor_file import (FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta, workload_mismatch,
                                      workload_of, workload_tag)
+from nas.space.schema import SweepSpec
 from nas.space.space import SearchSpace
 
-__all__ = ["FEATURE_NAMES", "DEFAULT_WORKLOAD", "arch_features", "measure_fixed_latency", "measure_latency",
-           "trimmed_mean", "workload_of", "workload_tag", "collect_samples", "describe_device", "LatencyPredictor",
-           "check_drift"]
+__all__ = ["FEATURE_NAMES", "DEFAULT_WORKLOAD", "REFERENCE_NAMES", "arch_features", "measure_fixed_latency",
+           "measure_latency", "trimmed_mean", "workload_of", "workload_tag", "resolve_reference", "collect_samples",
+           "collect_fixed_samples", "fit_predictor_file", "describe_device", "LatencyPredictor", "check_drift"]
 
 DEFAULT_WORKLOAD: dict[str, int] = {"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}
 """HAT's workload (sec. 4: a 30-token source, 30 decoder steps, batch 1) at this project's default beam (4):
 ``search.latency_workload``'s defaults with ``search.beam_size: 4``."""
 
-_PAD_ID, _BOS_ID, _EOS_ID = 0, 2, 3
+REFERENCE_NAMES = ("narrowest", "widest", "middle")
+"""Named values of ``search.latency_reference`` (else an arch as JSON)."""
+
+_BOS_ID, _EOS_ID = 2, 3
 """Special token ids (:mod:`nas.data`'s, not imported here: it loads pyarrow and sentencepiece)."""
 _FIRST_WORD_ID = 4
 """The first id that is no special token (PAD, UNK, BOS, EOS)."""
@@ -242,8 +246,10 @@ def measure_fixed_latency(model: SuperTransformer, arch: Arch | None, *, src_tok
     """
     sizes = {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens, "beam_size": beam_size, "batch_size": batch_size,
              "repeats": repeats, "threads": threads}
-    if min(sizes.values()) < 1 or warmup < 0:
-        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in sizes.items())} must be >= 1 and warmup={warmup} >= 0")
+    bad = [f"{k}={v} must be >= 1" for k, v in sizes.items() if v < 1] + ([f"warmup={warmup} must be >= 0"]
+                                                                          if warmup < 0 else [])
+    if bad:
+        raise ValueError("; ".join(bad))
     if src_tokens > model.max_positions or tgt_tokens > model.max_positions - 1:
         raise ValueError(f"src_tokens={src_tokens} / tgt_tokens={tgt_tokens} exceed the model's max_positions="
                          f"{model.max_positions} (tgt_tokens at most max_positions - 1)")
@@ -305,6 +311,27 @@ def _progress(enabled: bool) -> Progress:
                     console=Console(stderr=True), disable=not enabled)
 
 
+def resolve_reference(spec: SweepSpec, space: SearchSpace | None = None) -> Arch:
+    """The arch ``latency_ratio`` divides by: ``search.latency_reference`` (``narrowest``, ``widest``, ``middle`` of
+    ``space``, default ``SearchSpace.from_spec(spec)``; or an arch as JSON, :meth:`Arch.to_json`).
+
+    Raises:
+        NasError: the value is none of the names and no arch JSON, or the arch exceeds the supernet (names
+            ``search.latency_reference`` and the value).
+    """
+    named = spec.search.latency_reference
+    space = SearchSpace.from_spec(spec) if space is None else space
+    if named in REFERENCE_NAMES:
+        return getattr(space, named)()
+    try:
+        arch = Arch.from_json(named)
+        arch.check_within(space.supernet_maxima(spec))
+    except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ArchError are ValueErrors
+        raise NasError(f"search.latency_reference: {named!r} is not {', '.join(REFERENCE_NAMES)} or an arch of this "
+                       f"supernet as JSON (Arch.to_json(), e.g. from `nas space sample`): {e}") from None
+    return arch
+
+
 def _sample_archs(space: SearchSpace, n: int, seed: int, reference: Arch) -> list[Arch]:
     """The widest, the narrowest, then distinct random archs: ``n`` in all, fewer if the space is smaller; then
     ``reference`` when it is not among them."""
@@ -360,6 +387,48 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
     device = next(supernet.parameters()).device
     with _threads(threads or torch.get_num_threads()):
         return _measure_all(supernet, archs, workload, reference, repeats, warmup, device, lock, progress)
+
+
+def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *, seed: int | None = None,
+                          threads: int | None = None, lock: MeasureLock | None = None,
+                          progress: bool = False) -> list[dict[str, Any]]:
+    """:func:`collect_samples` as a sweep times its trials: the space, workload (:func:`workload_of`), reference
+    (:func:`resolve_reference`) and ``search.latency_repeats`` of ``spec``; ``seed`` None: ``search.seed``;
+    ``threads`` None: ``search.cpu_per_trial``.
+
+    Raises:
+        NasError: a bad ``search.latency_reference``.
+        ValueError: as :func:`collect_samples`.
+    """
+    space = SearchSpace.from_spec(spec)
+    return collect_samples(supernet, space, n, workload=workload_of(spec.search),
+                           reference=resolve_reference(spec, space),
+                           seed=spec.search.seed if seed is None else seed, repeats=spec.search.latency_repeats,
+                           threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=lock, progress=progress)
+
+
+def fit_predictor_file(samples: Sequence[Mapping[str, Any]], spec: SweepSpec, path: str | Path, *,
+                       seed: int = 0) -> dict[str, float]:
+    """Fit a :class:`LatencyPredictor` on ``samples`` (from :func:`collect_fixed_samples`) for ``spec``'s workload,
+    keep the reference sample's latency and arch, and save it to ``path`` (+ ``.json``): what ``nas latency fit``
+    and the evolutionary search write.
+
+    Returns:
+        The fit's metrics (:meth:`LatencyPredictor.fit`).
+
+    Raises:
+        NasError: no samples, or fewer than 2 on the workload.
+    """
+    if not samples:
+        raise NasError("no latency samples to fit a predictor on")
+    reference = next((s for s in samples if s.get("reference")), None)
+    predictor = LatencyPredictor(int(samples[0].get("model_dim", spec.supernet.model_dim)),
+                                 workload=workload_of(spec.search), device=str(samples[0].get("device", "")),
+                                 reference_ms=None if reference is None else float(reference["latency_ms"]),
+                                 reference_arch=None if reference is None else _as_arch(reference["arch"]).to_json())
+    metrics = predictor.fit(samples, seed=seed)
+    predictor.save(path)
+    return metrics
 
 
 def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[str, int], reference: Arch,

@@ -6,19 +6,20 @@ with sacrebleu's default ``13a`` tokenization.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import sacrebleu
 import torch
 
-from nas.data import EOS_ID, TokenBatcher, Tokenizer
+from nas.data import EOS_ID, Batch, TokenBatcher, Tokenizer
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["translate", "corpus_scores", "valid_loss", "encode_sources", "length_batches", "Scores"]
+__all__ = ["translate", "corpus_scores", "valid_loss", "nll_per_token", "encode_sources", "length_batches",
+           "source_batches", "Scores"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,19 @@ def length_batches(lengths: list[int], max_tokens: int | None, batch_size: int) 
     return batches
 
 
+def source_batches(ids: list[list[int]], todo: list[int], max_tokens: int | None,
+                   batch_size: int) -> Iterator[tuple[list[int], torch.Tensor]]:
+    """The sentences ``todo`` (indices into ``ids``, encoded sources) in :func:`length_batches` order: per batch
+    its indices and ``src [b, s]`` int64, right-padded with PAD = 0 (what :func:`translate` decodes)."""
+    for batch in length_batches([len(ids[i]) for i in todo], max_tokens, batch_size):
+        chunk = [todo[j] for j in batch]
+        width = max(len(ids[i]) for i in chunk)
+        src = torch.zeros(len(chunk), width, dtype=torch.long)  # [b, s], PAD = 0
+        for row, i in enumerate(chunk):
+            src[row, : len(ids[i])] = torch.tensor(ids[i])
+        yield chunk, src
+
+
 @torch.no_grad()
 def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
               beam_size: int = 4, batch_size: int = 64, max_tokens: int | None = None,
@@ -69,12 +83,7 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
     if on_batch is not None and len(todo) < len(ids):
         on_batch(len(ids) - len(todo), 0)
     device = next(model.parameters()).device
-    for batch in length_batches([len(ids[i]) for i in todo], max_tokens, batch_size):
-        chunk = [todo[j] for j in batch]
-        width = max(len(ids[i]) for i in chunk)
-        src = torch.zeros(len(chunk), width, dtype=torch.long)  # [b, s], PAD = 0
-        for row, i in enumerate(chunk):
-            src[row, : len(ids[i])] = torch.tensor(ids[i])
+    for chunk, src in source_batches(ids, todo, max_tokens, batch_size):
         hyps = beam_search(model, src.to(device), arch, beam_size=beam_size)
         for i, hyp in zip(chunk, hyps):
             out[i] = hyp
@@ -94,10 +103,17 @@ def valid_loss(model: SuperTransformer, src_ids: list[list[int]], tgt_ids: list[
                *, max_tokens: int = 4096) -> float:
     """Mean negative log-likelihood per target token (nats, no label smoothing)."""
     model.eval()
-    total, tokens = 0.0, 0
     device = next(model.parameters()).device
-    for batch in TokenBatcher(src_ids, tgt_ids, max_tokens, shuffle=False).batches(0):
-        batch = batch.to(device)
+    batches = (batch.to(device) for batch in TokenBatcher(src_ids, tgt_ids, max_tokens, shuffle=False).batches(0))
+    return nll_per_token(model, batches, arch)
+
+
+@torch.no_grad()
+def nll_per_token(model: SuperTransformer, batches: Iterable[Batch], arch: Arch | None = None) -> float:
+    """Teacher-forced negative log-likelihood of ``batches`` (on the model's device) per target token (nats, no
+    label smoothing): the sum over every batch divided by their label tokens (:func:`valid_loss`'s)."""
+    total, tokens = 0.0, 0
+    for batch in batches:
         _, nll = label_smoothed_nll(model(batch.src, batch.tgt_in, arch), batch.tgt_out, 0.0)
         total, tokens = total + float(nll), tokens + batch.ntokens
     return total / max(tokens, 1)

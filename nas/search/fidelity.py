@@ -50,7 +50,7 @@ from rich.progress import (
 
 from nas.errors import NasError
 from nas.data import PreparedData
-from nas.eval.scores import corpus_scores, translate, valid_loss
+from nas.eval.validation import ValidationSet, validation_scores
 from nas.io import atomic_write_bytes, atomic_write_text
 from nas.locks import lock_folder, run_lock
 from nas.model.io import load_model
@@ -221,17 +221,15 @@ def check_supernet(spec: SweepSpec, file: str | Path) -> Path:
     return folder
 
 
-def score_model(model: SuperTransformer, arch: Arch, spec: SweepSpec, data: PreparedData) -> dict[str, float]:
+def score_model(model: SuperTransformer, arch: Arch, spec: SweepSpec, data: PreparedData,
+                vset: ValidationSet | None = None) -> dict[str, float]:
     """Validation ``bleu``, ``chrf`` (sacrebleu, beam ``search.beam_size``) and ``valid_loss`` (nats/token) of
     ``arch`` run by ``model`` (a supernet, or a standalone model of that arch), on the first
-    ``search.valid_sentences`` sentences as :func:`nas.search.trials.score_arch` does (no latency)."""
-    se = spec.search
-    src_text, refs = data.valid_text()
-    src_ids, tgt_ids = data.load_split("valid")
-    n = se.valid_sentences or len(src_text)
-    scores = corpus_scores(translate(model, data.tokenizer(), src_text[:n], arch, beam_size=se.beam_size), refs[:n])
-    return {"bleu": scores.bleu, "chrf": scores.chrf,
-            "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens)}
+    ``search.valid_sentences`` sentences as :func:`nas.search.trials.score_arch` does (no latency):
+    :func:`nas.eval.validation.validation_scores` on ``vset`` (default: loaded from ``data`` for this call; pass
+    one to score many archs)."""
+    vset = ValidationSet.load(data, spec.search.valid_sentences) if vset is None else vset
+    return validation_scores(model, arch, vset, beam_size=spec.search.beam_size, max_tokens=spec.train.max_tokens)
 
 
 def standalone_model(supernet: SuperTransformer, arch: Arch, *, seed: int) -> SuperTransformer:
@@ -329,6 +327,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
         supernet_sha = _sha256(folder / "supernet.safetensors")
         space = SearchSpace.from_spec(spec)
         archs = spread_archs(space, k, lambda arch: count_params(extract(supernet, arch)), seed=seed, samples=samples)
+        vset = ValidationSet.load(data, spec.search.valid_sentences)
         show = sys.stderr.isatty() if progress is None else progress
         rows, trained = [], 0
         inherited_key = {"supernet_sha256": supernet_sha, "beam_size": spec.search.beam_size,
@@ -353,7 +352,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
                 if stored.get("inherited") is not None and stored.get("inherited_key") == inherited_key:
                     inherited = stored["inherited"]
                 else:
-                    inherited, dirty = score_model(supernet, arch, spec, data), True
+                    inherited, dirty = score_model(supernet, arch, spec, data, vset), True
                 standalone = stored.get("standalone")
                 if standalone is None:
                     atomic_write_text(path, json.dumps({**row, "inherited": inherited, "inherited_key": inherited_key,
@@ -363,7 +362,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
                     stats = train_standalone(model, arch, spec, data, steps, device=device,
                                              on_step=lambda s, loss: bar.update(step_task, completed=s,
                                                                                 info=f"loss {loss:.3f}"))
-                    standalone = {**score_model(model, arch, spec, data), **stats}
+                    standalone = {**score_model(model, arch, spec, data, vset), **stats}
                     trained += 1
                     dirty = True
                     del model

@@ -48,7 +48,7 @@ from rich.table import Table
 
 from nas.errors import NasError
 from nas import tracking
-from nas.eval.scores import valid_loss
+from nas.eval.validation import ValidationSet, validation_scores
 from nas.search.fidelity import score_model
 from nas.io import atomic_write_text
 from nas.model.io import save_model
@@ -171,14 +171,14 @@ def _settings(ctx: SweepContext, arch: Arch) -> dict[str, Any]:
             "finetune": {**ft.model_dump(mode="json"), "lr": _peak_lr(ctx.spec)}}
 
 
-def _inherited(ctx: SweepContext, number: int, model, arch: Arch) -> dict[str, float]:
+def _inherited(ctx: SweepContext, number: int, model, arch: Arch, vset: ValidationSet) -> dict[str, float]:
     """``inherited_bleu`` and ``inherited_valid_loss``: the search trial's stored scores when its result file
     (``<results_dir>/<NNNNN>.json``) is there for this arch, else scored now (``score_model``)."""
     stored = _read_json(Path(ctx.results_dir) / f"{number:05d}.json") if ctx.results_dir is not None else None
     if stored and stored.get("arch_id") == arch.arch_id and all(
             isinstance(stored.get(k), (int, float)) and math.isfinite(stored[k]) for k in ("bleu", "valid_loss")):
         return {"inherited_bleu": float(stored["bleu"]), "inherited_valid_loss": float(stored["valid_loss"])}
-    scores = score_model(model, arch, ctx.spec, ctx.data)
+    scores = score_model(model, arch, ctx.spec, ctx.data, vset)
     return {"inherited_bleu": scores["bleu"], "inherited_valid_loss": scores["valid_loss"]}
 
 
@@ -211,18 +211,17 @@ def finetune_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     model = extract(load_supernet(str(ctx.supernet_dir)), arch).eval()  # a copy: the cached supernet is untouched
     torch.set_num_threads(max(1, int(spec.search.cpu_per_trial)))
     device = torch.device("cuda" if spec.search.gpu_per_trial > 0 and torch.cuda.is_available() else "cpu")
-    info = {**_inherited(ctx, number, model, arch), "arch_id": arch.arch_id, "arch_summary": arch.summary()}
+    vset = ValidationSet.load(ctx.data, spec.search.valid_sentences)
+    info = {**_inherited(ctx, number, model, arch, vset), "arch_id": arch.arch_id, "arch_summary": arch.summary()}
     out = finetune_dir(spec) / f"{number:05d}"
     atomic_write_text(out / "arch.json", arch.to_json())
-    src_ids, tgt_ids = ctx.data.load_split("valid")
-    n = spec.search.valid_sentences or len(src_ids)
     losses: list[float] = []
     history: list[dict[str, Any]] = []
 
     def on_eval(step: int) -> None:
         final = step == ft.steps
-        scores = (score_model(model, arch, spec, ctx.data) if final else
-                  {"valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens)})
+        scores = (score_model(model, arch, spec, ctx.data, vset) if final else
+                  validation_scores(model, arch, vset, beam_size=None, max_tokens=spec.train.max_tokens))
         if not all(math.isfinite(v) for v in scores.values()):
             raise FloatingPointError(f"Optuna trial {number}: non-finite {scores} after {step} fine-tune steps of "
                                      f"{arch.summary()}; lower search.finetune.lr")

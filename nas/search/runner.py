@@ -35,6 +35,7 @@ from nas.data import EncodersFactory
 from nas.search.ray_encode import RayEncoders
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
+from nas.search.failures import SweepFailed
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, study_trials
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.predictor_file import workload_of, workload_tag
@@ -56,10 +57,6 @@ SPEC_COPY = "sweep.yaml"
 """The YAML as it was when the sweep started (``nas sweep --resume NAME`` reads it)."""
 _SETTINGS = ("space", "search", "tracking")
 """Sections a resumed sweep must share with the one that started (the supernet has its own fingerprint)."""
-
-
-class SweepFailed(RuntimeError):
-    """Every search trial failed (or the supernet training did); the message lists the errors."""
 
 
 @dataclass(frozen=True)
@@ -286,7 +283,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             level1_metrics: dict[str, float] = {}
             points = None
             if spec.search.method == "evolution":  # two-level search: level 1 chooses level 2's archs
-                from nas.search.evolution import run_level1
+                from nas.search.level1 import run_level1
 
                 level1 = run_level1(spec, ctx, study, parent, sweep_id)
                 points = level1.chosen
@@ -524,7 +521,7 @@ def sweep_status(spec: SweepSpec) -> SweepStatus:
         optuna_counts = {}
     level1: dict[str, int] = {}
     if spec.search.method == "evolution":
-        from nas.search.evolution import level1_counts
+        from nas.search.level1 import level1_counts
 
         level1 = level1_counts(ref)
     exp_dir = ray_dir(spec, record.sweep_id, "search")

@@ -37,8 +37,9 @@ from ray import tune
 from nas import faults
 from nas.data import PreparedData
 from nas.errors import NasError
+from nas.eval.latency import resolve_reference
 from nas.eval.measure_lock import MeasureLock
-from nas.eval.scores import corpus_scores, translate, valid_loss
+from nas.eval.validation import ValidationSet, validation_scores
 from nas.io import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
@@ -49,11 +50,8 @@ from nas.space.predictor_file import workload_mismatch, workload_of, workload_ta
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
 
-__all__ = ["SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "latency_device",
+__all__ = ["latency_predictor", "validation_set", "SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "latency_device",
            "resolve_reference", "OPTUNA_TRIAL_KEY"]
-
-REFERENCE_NAMES = ("narrowest", "widest", "middle")
-"""Named values of ``search.latency_reference`` (else an arch as JSON)."""
 
 _reference_ms: dict[tuple, float] = {}
 """Measured reference latencies (ms) of this worker process, by (reference arch, supernet structure, device,
@@ -90,6 +88,15 @@ def load_supernet(directory: str) -> SuperTransformer:
     return load_model(directory, "supernet")
 
 
+def latency_predictor(path: str):
+    """The latency predictor in ``path`` (``nas latency fit``'s file), loaded once per worker process.
+
+    Raises:
+        PredictorFileError: a file written without a workload (refit it), or not a predictor's.
+    """
+    return _predictor(path)
+
+
 @functools.lru_cache(maxsize=2)
 def _predictor(path: str):
     from nas.eval.latency import LatencyPredictor
@@ -124,25 +131,11 @@ def _checked_predictor(spec: SweepSpec, reference: Arch, *, ratio: bool):
     return predictor
 
 
-def resolve_reference(spec: SweepSpec, space: SearchSpace | None = None) -> Arch:
-    """The arch ``latency_ratio`` divides by: ``search.latency_reference`` (``narrowest``, ``widest``, ``middle`` of
-    ``space``, default ``SearchSpace.from_spec(spec)``; or an arch as JSON, :meth:`Arch.to_json`).
-
-    Raises:
-        NasError: the value is none of the names and no arch JSON, or the arch exceeds the supernet (names
-            ``search.latency_reference`` and the value).
-    """
-    named = spec.search.latency_reference
-    space = SearchSpace.from_spec(spec) if space is None else space
-    if named in REFERENCE_NAMES:
-        return getattr(space, named)()
-    try:
-        arch = Arch.from_json(named)
-        arch.check_within(space.supernet_maxima(spec))
-    except (ValueError, TypeError, AttributeError) as e:  # JSONDecodeError and ArchError are ValueErrors
-        raise NasError(f"search.latency_reference: {named!r} is not {', '.join(REFERENCE_NAMES)} or an arch of this "
-                       f"supernet as JSON (Arch.to_json(), e.g. from `nas space sample`): {e}") from None
-    return arch
+@functools.lru_cache(maxsize=4)
+def validation_set(data: PreparedData, sentences: int | None) -> ValidationSet:
+    """The first ``sentences`` validation pairs of ``data`` (None: all), loaded once per worker process (Ray reuses
+    actors between trials, and level 1 scores its batches in the same processes)."""
+    return ValidationSet.load(data, sentences)
 
 
 def latency_device(named: str, scoring: torch.device) -> torch.device:
@@ -176,7 +169,8 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     - ``latency_reference_ms``: the same for the reference arch (:func:`resolve_reference`), measured once per
       worker process, supernet structure, device, thread count and workload; with ``predicted``, the latency the
       predictor's fit measured for it.
-    - ``latency_ratio``: ``latency_ms / latency_reference_ms`` (a budget that holds across machines).
+    - ``latency_ratio``: ``latency_ms / latency_reference_ms`` (a budget less tied to one CPU's speed than ms; a
+      CPU budget does not carry over to a GPU, where batch-1 decoding is bound by kernel launches).
 
     When a predictor is given with ``measured``, ``latency_pred_ms`` is added and ``latency_drift``
     (``|pred - measured| / measured``), and a drift above 20% is warned about.
@@ -200,19 +194,10 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     predictor = None if se.latency_predictor is None else _checked_predictor(spec, reference,
                                                                              ratio=se.latency == "predicted")
     with lock.shared():
-        src_text, refs = data.valid_text()
-        src_ids, tgt_ids = data.load_split("valid")
-        n = se.valid_sentences or len(src_text)
-        tokenizer = data.tokenizer()
-        hyps = translate(model, tokenizer, src_text[:n], arch, beam_size=se.beam_size)
-        scores = corpus_scores(hyps, refs[:n])
+        vset = validation_set(data, se.valid_sentences)
+        metrics = validation_scores(model, arch, vset, beam_size=se.beam_size, max_tokens=spec.train.max_tokens)
         sub = extract(model, arch).eval()
-        metrics = {
-            "bleu": scores.bleu,
-            "chrf": scores.chrf,
-            "valid_loss": valid_loss(model, src_ids[:n], tgt_ids[:n], arch, max_tokens=spec.train.max_tokens),
-            "params_m": count_params(sub) / 1e6,
-        }
+        metrics["params_m"] = count_params(sub) / 1e6
         predicted = None if predictor is None else predictor.predict(arch)
     if se.latency == "predicted":
         metrics["latency_ms"] = predicted
@@ -234,8 +219,8 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, reference: Arch, spec: SweepSpec,
              lock: MeasureLock) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of the extracted ``sub`` (see
-    :func:`score_arch`); the reference is extracted (lock shared) and timed (with ``sub``, lock exclusive) only
-    when this process has not timed it on this device, thread count and workload yet."""
+    :func:`score_arch`); the reference is extracted and timed, in the same exclusive hold as ``sub``, only when this
+    process has not timed it on this supernet structure, device, thread count and workload yet."""
     from nas.eval.latency import measure_fixed_latency
 
     se = spec.search
@@ -244,17 +229,13 @@ def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, referen
     workload = workload_of(se)
     key = (reference.arch_id, json.dumps(model.config(), sort_keys=True, default=str), str(device), threads,
            workload_tag(workload))
-    ref_model = None
-    if key not in _reference_ms:
-        with lock.shared():
-            ref_model = extract(model, reference).eval().to(device)
     sub = sub.to(device)
     time_it = lambda m, a: measure_fixed_latency(  # noqa: E731
         m, a, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
         batch_size=workload["batch"], repeats=se.latency_repeats, threads=threads)
-    with lock.exclusive():  # one hold for both: measure_fixed_latency is given no lock
-        if ref_model is not None:
-            _reference_ms[key] = time_it(ref_model, reference)
+    with lock.exclusive():  # one hold for both (measure_fixed_latency is given no lock); nothing else computes
+        if key not in _reference_ms:
+            _reference_ms[key] = time_it(extract(model, reference).eval().to(device), reference)
         latency_ms = time_it(sub, arch)
     reference_ms = _reference_ms[key]
     return {"latency_ms": latency_ms, "latency_reference_ms": reference_ms, "latency_ratio": latency_ms / reference_ms}

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from nas.space.datafiles import check_data_files
 from nas.space.errors import SpecError, format_validation_error, key_path
-from nas.space.predictor_file import read_predictor_meta
+from nas.space.predictor_file import read_predictor_meta, workload_mismatch, workload_of, workload_tag
 from nas.space.schema import REDACTED, SweepSpec
 from nas.space.space import SearchSpace
 
@@ -155,7 +155,7 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
             (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
             or empty, or source and target files of a split with different line counts; or
             (``check_predictor``, default ``check_files``) a ``search.latency_predictor`` that is missing or
-            fitted for another model_dim, batch size or beam; each names the key path; or a malformed
+            fitted for another model_dim or latency workload; each names the key path; or a malformed
             ``overrides`` item.
 
     ``overrides``: ``KEY.PATH=VALUE`` items (``nas sweep FILE --set train.steps=2``) applied to the YAML before
@@ -209,8 +209,8 @@ def _check_points(spec: SweepSpec, source: str) -> None:
 
 
 def _check_latency_predictor(spec: SweepSpec, source: str) -> None:
-    """``search.latency_predictor`` exists and was fitted for this supernet's model_dim, batch size 1 and the
-    search's beam (read without torch: :func:`read_predictor_meta`).
+    """``search.latency_predictor`` exists and was fitted for this supernet's model_dim and the YAML's latency
+    workload (``search.latency_workload``; read without torch: :func:`read_predictor_meta`).
 
     Raises:
         SpecError: naming the key, the file and the fix.
@@ -226,11 +226,12 @@ def _check_latency_predictor(spec: SweepSpec, source: str) -> None:
         meta = read_predictor_meta(path)
     except Exception as e:  # a file that is not a predictor: any reader error says so
         raise SpecError(f"{source}: search.latency_predictor: {path} is not a latency predictor ({e}); {fix}") from None
-    model_dim, batch_size, beam_size = meta["model_dim"], meta["batch_size"], meta["beam_size"]
+    model_dim, workload = meta["model_dim"], workload_of(spec.search)
     if model_dim != spec.supernet.model_dim:
         raise SpecError(f"{source}: search.latency_predictor: {path} was fitted for model_dim {model_dim}, "
                         f"but supernet.model_dim is {spec.supernet.model_dim}; {fix}")
-    if (batch_size, beam_size) != (1, spec.search.beam_size):
-        raise SpecError(f"{source}: search.latency_predictor: {path} predicts batch size {batch_size}, "
-                        f"beam {beam_size}, but trials are timed at batch size 1, beam "
-                        f"{spec.search.beam_size} (search.beam_size); {fix} (its default --batch-size is 1)")
+    diff = workload_mismatch(meta["workload"], workload)
+    if diff:
+        raise SpecError(f"{source}: search.latency_predictor: {path} predicts latency workload "
+                        f"{workload_tag(meta['workload'])}, but trials time search.latency_workload "
+                        f"{workload_tag(workload)} ({diff}); {fix}")

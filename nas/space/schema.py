@@ -415,10 +415,10 @@ class SearchSpec(_Strict):
     valid_sentences: int | None = Field(None, ge=1)
     """Score each trial on the first N validation sentences (None: all)."""
     latency_sentences: int = Field(10, ge=1)
-    """Sentences timed one by one (batch size 1) for ``latency_ms``; the median is reported."""
-    latency_repeats: int = Field(3, ge=1)
-    """Timed passes over the ``latency_sentences`` (after one untimed warm-up pass); ``latency_ms`` is the median
-    of all ``latency_sentences * latency_repeats`` timings."""
+    """Ignored since ``latency_ms`` times the fixed workload ``latency_workload``; kept so old YAMLs load."""
+    latency_repeats: int = Field(20, ge=1)
+    """Timed runs of ``latency_workload`` (after 5 untimed ones); ``latency_ms`` averages them with the top and
+    bottom 10% dropped (HAT's statistic)."""
     latency_workload: LatencyWorkloadSpec = LatencyWorkloadSpec()
     """What ``latency_ms`` times (:class:`LatencyWorkloadSpec`; default a 30-token source, 30 decoder steps,
     beam ``beam_size``, batch 1)."""
@@ -447,8 +447,8 @@ class SearchSpec(_Strict):
     ``middle``, or a mapping of Optuna parameters (``encoder.layers: 2``, ``decoder.width.0: 128``; those
     left out are sampled). They count toward ``trials``."""
     latency: Literal["measured", "predicted"] = "measured"
-    """Where a trial's ``latency_ms`` comes from: timed on the trial's device (batch size 1, beam search,
-    ``latency_sentences``), or the ``latency_predictor`` (no timing; the predictor's device counts)."""
+    """Where a trial's ``latency_ms`` comes from: timed on the trial's device (the fixed ``latency_workload``), or
+    the ``latency_predictor`` (no timing; the predictor's device counts)."""
     latency_predictor: Path | None = None
     """A predictor written by ``nas latency fit`` (``.safetensors``; a relative path is made absolute against the
     working folder when the YAML is loaded, as Ray trials run in folders of their own; it must be readable on every node). With ``latency: measured`` it is evaluated as

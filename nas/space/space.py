@@ -35,6 +35,12 @@ def _label(value: Any) -> Any:
     return (",".join(map(str, value)) or "none") if isinstance(value, tuple) else value
 
 
+def param_label(value: Any) -> Any:
+    """The Optuna label of a choice's value (:meth:`SearchSpace.suggest`): kernel sets as ``"3,15"`` (``"none"``
+    when empty), other values as they are."""
+    return _label(value)
+
+
 def _point_value(value: Any, labels: Sequence[Any]) -> Any:
     """A ``points_to_evaluate`` value as its label: YAML reads a one-kernel set ``3`` as an int, whose label is
     the string ``"3"``."""
@@ -216,11 +222,11 @@ class SearchSpace:
         name-valued choice at its first value as at the two ends.
 
         A space of at most :attr:`MIDDLE_EXHAUSTIVE` archs is enumerated. A larger one is searched (the
-        quickstart's has 331,776 archs): the candidates are the uniform archs (every numeric dimension at one of its values in every layer, each depth and model
-        width; all of them up to :attr:`MIDDLE_UNIFORM`, else that many drawn at random) and
-        :attr:`MIDDLE_SAMPLES` random archs, drawn with fixed seeds; ties go to the smallest ``arch_id``, so
-        every call and every process gets the same arch. Where every dimension has two values, the old
-        "middle value of every choice" was the widest; this one is not.
+        quickstart's has 331,776 archs): the candidates are the uniform archs (every numeric dimension at one of
+        its values in every layer, each depth and model width; all of them up to :attr:`MIDDLE_UNIFORM`, else
+        that many drawn at random) and :attr:`MIDDLE_SAMPLES` random archs, drawn with fixed seeds. Ties go to
+        the smallest ``arch_id``, so every call and every process gets the same arch. Where every dimension has
+        two values, the old "middle value of every choice" was the widest; this one is not.
 
         Raises:
             ValueError: the space has no :attr:`sizes` (built without :meth:`from_spec`).
@@ -229,9 +235,9 @@ class SearchSpace:
 
     @functools.cached_property
     def _middle(self) -> Arch:
+        """:meth:`middle`, searched once per space object (and kept when it is pickled)."""
         target2 = self.params(self.narrowest()) + self.params(self.widest())  # twice the mean: integers only
-        best = min(self._middle_candidates(), key=lambda a: (abs(2 * self.params(a) - target2), a.arch_id))
-        return best
+        return min(self._middle_candidates(), key=lambda a: (abs(2 * self.params(a) - target2), a.arch_id))
 
     def _middle_candidates(self) -> Iterator[Arch]:
         """:meth:`middle`'s candidates, name-valued choices at their first: every arch of a small space, else

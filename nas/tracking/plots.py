@@ -21,7 +21,7 @@ PARETO_PLOT = "pareto.png"
 """Artifact name of the plot on a sweep's parent run."""
 
 _LABELS = {"bleu": "BLEU", "chrf": "chrF", "latency_ms": "latency (ms)", "params_m": "parameters (M)",
-           "valid_loss": "validation loss (nats/token)"}
+           "valid_loss": "validation loss (nats/token)", "latency_ratio": "latency / reference's"}
 
 
 def _label(o: Objective) -> str:

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 __all__ = ["LeaderboardRow", "ROW_METRICS", "LOWER_IS_BETTER"]
 
-ROW_METRICS = ("bleu", "chrf", "params_m", "latency_ms", "valid_loss")
+ROW_METRICS = ("bleu", "chrf", "params_m", "latency_ms", "valid_loss", "latency_ratio", "latency_reference_ms")
 """The metrics a row carries (the columns after ``arch``), in the order error messages list them."""
-LOWER_IS_BETTER = frozenset({"latency_ms", "params_m", "valid_loss"})
+LOWER_IS_BETTER = frozenset({"latency_ms", "params_m", "valid_loss", "latency_ratio", "latency_reference_ms"})
 """Row metrics that rank ascending."""
 
 
@@ -31,3 +31,7 @@ class LeaderboardRow:
     feasible: bool | None = None
     """Meets the ``search.constraints`` of its sweep (read from the sweep's parent run,
     :func:`nas.space.constraints.violated`); ``None`` where its sweep records no constraints."""
+    latency_ratio: float | None = None
+    """``latency_ms`` over its sweep's reference arch's (``search.latency_reference``); ``None`` where not reported."""
+    latency_reference_ms: float | None = None
+    """The reference arch's latency (ms) on the same workload and device; ``None`` where not reported."""

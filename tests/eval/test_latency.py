@@ -1,4 +1,6 @@
-"""The latency predictor: features, fitting a known relation, save/load, drift, real measurements."""
+"""Latency: the fixed workload (exactly ``tgt_tokens`` decoder steps whatever the weights, HAT's trimmed mean), the
+predictor (features, fitting a known relation, save/load with its workload and reference, drift), real
+measurements."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import random
 import pytest
 import torch
 
-from nas.eval.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, collect_samples,
-                         measure_latency)
+from nas.errors import NasError
+from nas.eval.latency import (DEFAULT_WORKLOAD, FEATURE_NAMES, LatencyPredictor, arch_features, check_drift,
+                              collect_samples, measure_fixed_latency, measure_latency, trimmed_mean)
+from nas.model import decode
 from nas.model.supernet import SuperTransformer
+from nas.space.predictor_file import read_predictor_meta
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
@@ -57,7 +62,7 @@ def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
         layers = arch.encoder.layers + arch.decoder.layers
         ms = 0.05 * (sum(arch.encoder.width) + sum(arch.decoder.width)) + 1.0 * layers + 2.0
         samples.append({"arch": arch.to_dict(), "latency_ms": ms * (1.0 + rng.gauss(0.0, noise)),
-                        "batch_size": 1, "beam_size": 4})
+                        "workload": dict(DEFAULT_WORKLOAD), "batch_size": 1, "beam_size": 4})
     return samples
 
 
@@ -126,10 +131,15 @@ def test_predictor_cannot_fit_a_shuffled_target():
     assert metrics["mape"] > 2 * MAPE_LIMIT, metrics
 
 
-def test_fit_uses_only_samples_at_its_batch_size_and_says_which_exist():
+def test_fit_uses_only_samples_on_its_workload_and_says_which_exist():
     samples = _synthetic(10, seed=4)
-    with pytest.raises(ValueError, match=r"batch_size=8.*\(1, 4\)"):
-        LatencyPredictor(MODEL_DIM, batch_size=8).fit(samples, epochs=1)
+    with pytest.raises(NasError, match=r"0 samples on workload src30-tgt30-beam4-batch8 .*'src30-tgt30-beam4-batch1'"):
+        LatencyPredictor(MODEL_DIM, workload={**DEFAULT_WORKLOAD, "batch": 8}).fit(samples, epochs=1)
+    with pytest.raises(NasError, match=r"0 samples on workload src30-tgt20-beam4-batch1"):  # same batch and beam
+        LatencyPredictor(MODEL_DIM, workload={**DEFAULT_WORKLOAD, "tgt_tokens": 20}).fit(samples, epochs=1)
+    legacy = [{k: v for k, v in s.items() if k != "workload"} for s in samples]  # batch and beam size only
+    with pytest.raises(NasError, match=r"0 samples .*'batch1-beam4'"):
+        LatencyPredictor(MODEL_DIM, workload={**DEFAULT_WORKLOAD, "beam": 5}).fit(legacy, epochs=1)
     with pytest.raises(ValueError, match="latency_ms=0.0"):
         LatencyPredictor(MODEL_DIM).fit([*samples, {**samples[0], "latency_ms": 0.0}], epochs=1)
     with pytest.raises(RuntimeError, match="not fitted"):
@@ -138,17 +148,38 @@ def test_fit_uses_only_samples_at_its_batch_size_and_says_which_exist():
 
 # ---- save / load --------------------------------------------------------------------------------
 
-def test_save_and_load_give_identical_predictions(tmp_path):
+def test_save_and_load_give_identical_predictions_and_keep_workload_and_reference(tmp_path):
     samples = _synthetic(40, seed=5)
-    predictor = LatencyPredictor(MODEL_DIM, hidden=16, beam_size=4, device="cpu: test")
+    space, _ = _space()
+    workload = {"src_tokens": 12, "tgt_tokens": 9, "beam": 4, "batch": 1}
+    samples = [{**s, "workload": workload} for s in samples]
+    reference = space.narrowest().to_json()
+    predictor = LatencyPredictor(MODEL_DIM, hidden=16, workload=workload, device="cpu: test", reference_ms=7.5,
+                                 reference_arch=reference)
     predictor.fit(samples, epochs=50, seed=0)
     path = predictor.save(tmp_path / "latency.safetensors")
     loaded = LatencyPredictor.load(path)
     archs = [s["arch"] for s in samples]
     assert loaded.predict_many(archs) == predictor.predict_many(archs)
+    assert loaded.workload == workload and loaded.reference_ms == 7.5 and loaded.reference_arch == reference
     meta = json.loads((tmp_path / "latency.json").read_text())
     assert meta["device"] == "cpu: test" and meta["batch_size"] == 1 and meta["beam_size"] == 4
+    assert meta["workload"] == workload and meta["reference_ms"] == 7.5 and meta["reference_arch"] == reference
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
+
+
+def test_a_predictor_saved_without_a_workload_is_refused_with_refit(tmp_path):
+    """A sidecar from before the fixed workload (timed on real sentences) names no workload: refused on load."""
+    predictor = LatencyPredictor(MODEL_DIM, hidden=8)
+    predictor.fit(_synthetic(10, seed=6), epochs=5)
+    path = predictor.save(tmp_path / "old.safetensors")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    for key in ("workload", "reference_ms", "reference_arch"):
+        del meta[key]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    for read in (LatencyPredictor.load, read_predictor_meta):
+        with pytest.raises(NasError, match=r"old\.safetensors names no latency workload.*refit with `nas latency fit`"):
+            read(path)
 
 
 def test_load_refuses_a_predictor_fitted_on_other_features(tmp_path):
@@ -177,20 +208,67 @@ def test_check_drift_warns_only_beyond_the_tolerance():
 
 # ---- measuring on a real supernet ---------------------------------------------------------------
 
-def test_collect_samples_times_real_extracted_models():
-    torch.manual_seed(0)
+def _tiny_supernet(seed: int) -> tuple[SearchSpace, SuperTransformer]:
+    torch.manual_seed(seed)
     space, spec = _space({"encoder_layers": {"values": [1, 2]}, "width": {"values": [16, 32], "per_layer": True},
                           "ffn_width": {"values": [32, 64]}}, encoder_layers=2, decoder_layers=1, kernels=[])
-    supernet = SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64)
-    sentences = [[5, 17, 42, 3], [8, 9, 60, 71, 3]]
-    samples = collect_samples(supernet, space, sentences, 3, seed=0, batch_sizes=(1, 2), beam_size=2,
-                              threads=1, progress=False)
-    assert len(samples) == 6 and len({s["arch_id"] for s in samples}) == 3
-    assert samples[0]["arch"] == space.widest().to_dict() and samples[2]["arch"] == space.narrowest().to_dict()
+    return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()
+
+
+def test_the_fixed_workload_runs_exactly_tgt_tokens_decoder_steps_whatever_the_weights(monkeypatch):
+    steps = []
+    real = decode.IncrementalDecoder.step
+
+    def counting(self, tokens):
+        steps.append(tokens.size(0))  # rows decoded this step: batch * beam
+        return real(self, tokens)
+
+    monkeypatch.setattr(decode.IncrementalDecoder, "step", counting)
+    for seed in (0, 1):  # two random supernets: different weights, different argmaxes
+        space, supernet = _tiny_supernet(seed)
+        for arch in (space.narrowest(), space.widest()):
+            steps.clear()
+            ms = measure_fixed_latency(supernet, arch, src_tokens=7, tgt_tokens=11, beam_size=3, batch_size=2,
+                                       repeats=1, warmup=0)
+            assert steps == [2 * 3] * 11 and ms > 0  # every step decodes all beams of both sentences
+            steps.clear()
+            measure_fixed_latency(supernet, arch, src_tokens=7, tgt_tokens=11, beam_size=3, repeats=2, warmup=1)
+            assert len(steps) == 3 * 11  # warm-up and timed runs alike
+
+
+def test_trimmed_mean_drops_the_top_and_bottom_tenth_as_hat_does():
+    assert trimmed_mean([float(x) for x in range(1, 21)]) == pytest.approx(10.5)  # 3..18 averaged
+    assert trimmed_mean([10.0] * 18 + [0.0, 1000.0]) == 10.0  # one outlier at each end: gone
+    assert trimmed_mean([1.0, 2.0, 6.0]) == 3.0  # fewer than 10: all kept
+    with pytest.raises(ValueError, match="no timings"):
+        trimmed_mean([])
+
+
+def test_measure_fixed_latency_rejects_a_workload_beyond_the_model():
+    _, supernet = _tiny_supernet(0)
+    with pytest.raises(ValueError, match="tgt_tokens=64 exceed the model's max_positions=64"):
+        measure_fixed_latency(supernet, None, tgt_tokens=64)
+    with pytest.raises(ValueError, match=r"^repeats=0 must be >= 1; warmup=-1 must be >= 0$"):
+        measure_fixed_latency(supernet, None, repeats=0, warmup=-1)
+
+
+def test_collect_samples_times_real_extracted_models_on_the_workload_with_the_reference():
+    space, supernet = _tiny_supernet(0)
+    workload = {"src_tokens": 6, "tgt_tokens": 5, "beam": 2, "batch": 1}
+    samples = collect_samples(supernet, space, 3, workload=workload, seed=0, repeats=2, warmup=1, threads=1,
+                              progress=False)
+    assert len(samples) == 3 and len({s["arch_id"] for s in samples}) == 3
+    assert samples[0]["arch"] == space.widest().to_dict() and samples[1]["arch"] == space.narrowest().to_dict()
+    assert [s["reference"] for s in samples] == [False, True, False]  # default reference: the narrowest
     assert all(math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0 for s in samples)
-    assert {s["batch_size"] for s in samples} == {1, 2} and all(s["beam_size"] == 2 for s in samples)
+    assert all(s["workload"] == workload and (s["batch_size"], s["beam_size"]) == (1, 2) for s in samples)
     assert all("(1 thread)" in s["device"] for s in samples)
-    json.dumps(samples)  # JSON-ready for `nas latency collect`
+    json.dumps(samples)  # JSON-ready for `nas latency fit`'s samples file
+    middle = space.middle()
+    assert middle.arch_id not in {s["arch_id"] for s in samples}
+    more = collect_samples(supernet, space, 3, workload=workload, reference=middle, seed=0, repeats=1, warmup=0,
+                           threads=1, progress=False)
+    assert len(more) == 4 and [s["arch_id"] for s in more if s["reference"]] == [middle.arch_id]
 
 
 def test_measure_latency_rejects_a_batch_larger_than_the_sentences():

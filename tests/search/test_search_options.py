@@ -175,7 +175,7 @@ def test_params_of_an_arch_outside_the_space_names_the_choice(multi30k, tmp_path
 @pytest.fixture(scope="module")
 def scored(multi30k, tiny_supernet, tmp_path_factory):
     """The tiny supernet, its data, an arch, and a predictor fitted on latencies of minutes (far above the real ones)."""
-    from nas.eval.latency import LatencyPredictor
+    from nas.eval.latency import LatencyPredictor, workload_of
     from nas.model.io import load_model
     from nas.builders import prepare_sweep_data
 
@@ -191,9 +191,11 @@ def scored(multi30k, tiny_supernet, tmp_path_factory):
 
     rng = random.Random(0)
     archs = [space.widest(), space.narrowest()] + [space.sample(rng) for _ in range(14)]
-    samples = [{"arch": a.to_dict(), "batch_size": 1, "beam_size": 2,
+    workload = workload_of(spec.search)
+    samples = [{"arch": a.to_dict(), "workload": workload,
                 "latency_ms": 1e5 * (1 + sum(a.encoder.width) / 32)} for a in archs]
-    predictor = LatencyPredictor(model.model_dim, batch_size=1, beam_size=2)
+    predictor = LatencyPredictor(model.model_dim, workload=workload, reference_ms=samples[1]["latency_ms"],
+                                 reference_arch=space.narrowest().to_json())  # search.latency_reference: narrowest
     predictor.fit(samples, epochs=200)
     path = predictor.save(work / "latency_b1.safetensors")
     return raw, data, model, space.middle(), path
@@ -205,8 +207,11 @@ def test_predicted_latency_is_the_predictor_s_and_nothing_is_timed(scored):
     raw, data, model, arch, path = scored
     spec = parse_spec({**raw, "search": {**raw["search"], "latency": "predicted", "latency_predictor": str(path)}})
     metrics = score_arch(model, arch, spec, data)
-    assert metrics["latency_ms"] == pytest.approx(LatencyPredictor.load(path).predict(arch))
+    predictor = LatencyPredictor.load(path)
+    assert metrics["latency_ms"] == pytest.approx(predictor.predict(arch))
     assert "latency_pred_ms" not in metrics and metrics["latency_ms"] > 5e4  # the fake predictor says minutes
+    assert metrics["latency_reference_ms"] == predictor.reference_ms  # what its fit measured for the narrowest
+    assert metrics["latency_ratio"] == pytest.approx(metrics["latency_ms"] / predictor.reference_ms)
 
 
 def test_measured_latency_with_a_predictor_warns_when_they_differ_by_more_than_20_percent(scored):
@@ -291,17 +296,18 @@ def test_latency_device_names_where_latency_is_timed_and_refuses_cuda_without_on
 
 def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
     import nas.eval.latency as latency
+    import nas.search.trials as trials
 
     raw, data, model, arch, _ = scored
     seen = []
-    real = latency.measure_latency
+    real = latency.measure_fixed_latency
 
     def spy(sub, *args, **kw):
         seen.append(next(sub.parameters()).device)
         return real(sub, *args, **kw)
 
-    monkeypatch.setattr(latency, "measure_latency", spy)
-    spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_sentences": 2,
-                                         "latency_repeats": 1}})
+    monkeypatch.setattr(latency, "measure_fixed_latency", spy)
+    monkeypatch.setattr(trials, "_reference_ms", {})  # this process has timed no reference yet
+    spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_repeats": 1}})
     assert score_arch(model, arch, spec, data)["latency_ms"] > 0
-    assert seen == [torch.device("cpu")]
+    assert seen == [torch.device("cpu")] * 2  # the reference, then the arch

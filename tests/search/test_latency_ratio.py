@@ -1,0 +1,177 @@
+"""``latency_ratio``: a trial's fixed-workload latency over the reference arch's (``search.latency_reference``),
+reported by :func:`score_arch` (measured or predicted) and usable in ``search.constraints``; a predictor fitted on
+another workload or reference is refused. Real tiny data and an untrained tiny supernet (fixed-length latency does
+not depend on the weights)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+import nas.eval.latency as latency
+import nas.search.trials as trials
+from nas.errors import NasError
+from nas.eval.latency import LatencyPredictor, collect_fixed_samples, fit_predictor_file, workload_of, workload_tag
+from nas.search.trials import feasibility, resolve_reference, score_arch
+from nas.space import SpecError, load_spec, parse_spec
+from nas.space.space import SearchSpace
+from tests.conftest import tiny_spec_dict
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SEARCH = {"beam_size": 2, "valid_sentences": 4, "latency_repeats": 2,
+          "latency_workload": {"src_tokens": 8, "tgt_tokens": 6}}
+
+
+@pytest.fixture(scope="module")
+def tiny(multi30k, tmp_path_factory):
+    """(raw spec dict, prepared data, untrained supernet) of :func:`tiny_spec_dict`."""
+    import torch
+
+    from nas.builders import build_supernet, prepare_sweep_data
+
+    work = tmp_path_factory.mktemp("ratio")
+    raw = tiny_spec_dict(multi30k, work, search=dict(SEARCH))
+    spec = parse_spec(raw)
+    data = prepare_sweep_data(spec, progress=False)
+    torch.manual_seed(0)
+    return raw, data, build_supernet(spec, data.vocab_size).eval()
+
+
+def _spec(raw: dict, **search):
+    return parse_spec({**raw, "search": {**raw["search"], **search}})
+
+
+@pytest.fixture
+def fake_timings(monkeypatch):
+    """``measure_fixed_latency`` returns a fixed ms per arch (by extracted encoder width), counting its calls; this
+    process has timed no reference yet."""
+    calls = []
+
+    def fake(model, arch, **kw):
+        calls.append((arch.arch_id, kw))
+        return 10.0 + sum(arch.encoder.width) / 16  # narrowest enc[16]: 11 ms; widest enc[32 32]: 14 ms
+
+    monkeypatch.setattr(latency, "measure_fixed_latency", fake)
+    monkeypatch.setattr(trials, "_reference_ms", {})
+    return calls
+
+
+def test_score_arch_reports_the_ratio_to_the_reference_timed_once_per_process(tiny, monkeypatch):
+    raw, data, model = tiny
+    spec = _spec(raw)
+    space = SearchSpace.from_spec(spec)
+    real, calls = latency.measure_fixed_latency, []
+
+    def spy(sub, arch, **kw):
+        calls.append((arch.arch_id, kw))
+        return real(sub, arch, **kw)
+
+    monkeypatch.setattr(latency, "measure_fixed_latency", spy)
+    monkeypatch.setattr(trials, "_reference_ms", {})
+    first = score_arch(model, space.widest(), spec, data)
+    assert [a for a, _ in calls] == [space.narrowest().arch_id, space.widest().arch_id]  # the reference first
+    assert calls[0][1] == calls[1][1] == {"src_tokens": 8, "tgt_tokens": 6, "beam_size": 2, "batch_size": 1,
+                                          "repeats": 2, "threads": 1}  # the YAML's workload, beam from beam_size
+    assert first["latency_ms"] > 0 and first["latency_reference_ms"] > 0
+    assert first["latency_ratio"] == first["latency_ms"] / first["latency_reference_ms"]
+    second = score_arch(model, space.middle(), spec, data)
+    assert [a for a, _ in calls[2:]] == [space.middle().arch_id]  # the reference is not timed again
+    assert second["latency_reference_ms"] == first["latency_reference_ms"]
+    assert second["latency_ratio"] == second["latency_ms"] / first["latency_reference_ms"]
+
+
+def test_a_latency_ratio_constraint_makes_a_trial_feasible_or_not(tiny, fake_timings):
+    raw, data, model = tiny
+    space = SearchSpace.from_spec(_spec(raw))
+    tight = _spec(raw, constraints=["latency_ratio <= 1.2"])
+    metrics = score_arch(model, space.widest(), tight, data)
+    assert metrics["latency_reference_ms"] == 11.0 and metrics["latency_ms"] == 14.0
+    assert metrics["latency_ratio"] == pytest.approx(14.0 / 11.0)
+    assert feasibility(metrics, tight) == {"feasible": 0.0, "violated": "latency_ratio<=1.2"}
+    assert feasibility(metrics, _spec(raw, constraints=["latency_ratio <= 1.3"])) == {"feasible": 1.0}
+    narrowest = score_arch(model, space.narrowest(), tight, data)
+    assert narrowest["latency_ratio"] == 1.0 and feasibility(narrowest, tight) == {"feasible": 1.0}
+    assert len(fake_timings) == 3  # reference once, then each arch
+
+
+def test_the_reference_is_timed_again_for_another_workload_or_reference(tiny, fake_timings):
+    raw, data, model = tiny
+    arch = SearchSpace.from_spec(_spec(raw)).middle()
+    score_arch(model, arch, _spec(raw), data)
+    score_arch(model, arch, _spec(raw, latency_workload={"src_tokens": 8, "tgt_tokens": 7}), data)
+    widest = score_arch(model, arch, _spec(raw, latency_reference="widest"), data)
+    assert len(fake_timings) == 6 and widest["latency_reference_ms"] == 14.0
+
+
+def test_resolve_reference_reads_names_and_arch_json_and_names_the_key_when_bad(tiny):
+    raw, _, _ = tiny
+    space = SearchSpace.from_spec(_spec(raw))
+    for name in ("narrowest", "middle", "widest"):
+        assert resolve_reference(_spec(raw, latency_reference=name)) == getattr(space, name)()
+    sampled = space.sample(__import__("random").Random(3))
+    assert resolve_reference(_spec(raw, latency_reference=sampled.to_json()), space) == sampled
+    with pytest.raises(NasError, match=r"search.latency_reference: 'smallest' is not narrowest, widest, middle"):
+        resolve_reference(_spec(raw, latency_reference="smallest"))
+    too_wide = json.loads(space.widest().to_json())
+    too_wide["encoder"]["width"] = [64, 64]
+    with pytest.raises(NasError, match=r"search.latency_reference: .*encoder.width\[0\]=64 exceeds"):
+        resolve_reference(_spec(raw, latency_reference=json.dumps(too_wide)))
+
+
+# ---------------------------------------------------------------- predicted latency_ratio
+
+
+@pytest.fixture(scope="module")
+def predictor_file(tiny, tmp_path_factory):
+    """A predictor fitted by :func:`fit_predictor_file` on samples timed by :func:`collect_fixed_samples` (the YAML's
+    workload and reference), as ``nas latency fit`` writes it."""
+    raw, _, model = tiny
+    spec = _spec(raw, latency_repeats=1)
+    samples = collect_fixed_samples(model, spec, 6, threads=1)
+    assert [s["arch_id"] for s in samples if s["reference"]] == [resolve_reference(spec).arch_id]
+    path = tmp_path_factory.mktemp("pred") / "latency.safetensors"
+    fit_predictor_file(samples, spec, path)
+    return path, next(s["latency_ms"] for s in samples if s["reference"])
+
+
+def test_predicted_latency_ratio_divides_by_the_predictor_s_reference(tiny, predictor_file, monkeypatch):
+    raw, data, model = tiny
+    path, reference_ms = predictor_file
+    monkeypatch.setattr(latency, "measure_fixed_latency", lambda *a, **k: pytest.fail("predicted: nothing timed"))
+    spec = _spec(raw, latency="predicted", latency_predictor=str(path))
+    arch = SearchSpace.from_spec(spec).widest()
+    metrics = score_arch(model, arch, spec, data)
+    assert metrics["latency_reference_ms"] == reference_ms
+    assert metrics["latency_ms"] == pytest.approx(LatencyPredictor.load(path).predict(arch))
+    assert metrics["latency_ratio"] == metrics["latency_ms"] / reference_ms
+    assert json.loads(path.with_suffix(".json").read_text())["workload"] == workload_of(spec.search)
+
+
+def test_a_predictor_of_another_workload_or_reference_is_refused(tiny, predictor_file, tmp_path):
+    raw, data, model = tiny
+    path, _ = predictor_file
+    arch = SearchSpace.from_spec(_spec(raw)).widest()
+    other = _spec(raw, latency="predicted", latency_predictor=str(path),
+                  latency_workload={"src_tokens": 8, "tgt_tokens": 30})
+    with pytest.raises(NasError, match=r"was fitted on latency workload src8-tgt6-beam2-batch1, but "
+                                       r"search.latency_workload is src8-tgt30-beam2-batch1 \(tgt_tokens 6 vs 30\)"):
+        score_arch(model, arch, other, data)
+    widest = _spec(raw, latency="predicted", latency_predictor=str(path), latency_reference="widest")
+    with pytest.raises(NasError, match=r"measured the reference .* but search.latency_reference: widest is"):
+        score_arch(model, arch, widest, data)
+    file = tmp_path / "other.yaml"  # and before anything runs, when the YAML is loaded
+    file.write_text(yaml.safe_dump({**raw, "search": {**raw["search"], "latency": "predicted",
+                                                      "latency_predictor": str(path), "beam_size": 4}}))
+    with pytest.raises(SpecError, match=r"search.latency_predictor: .* predicts latency workload src8-tgt6-beam2-batch1,"
+                                        r" but trials time search.latency_workload src8-tgt6-beam4-batch1"):
+        load_spec(file)
+
+
+def test_the_workload_tag_names_every_field_with_beam_from_beam_size(tiny):
+    raw, _, _ = tiny
+    assert workload_tag(workload_of(_spec(raw).search)) == "src8-tgt6-beam2-batch1"
+    spec = _spec(raw, latency_workload={"beam": 5, "batch": 3})
+    assert workload_of(spec.search) == {"src_tokens": 30, "tgt_tokens": 30, "beam": 5, "batch": 3}
