@@ -35,6 +35,7 @@ the baselines' training); times taken while another job ran are flagged in the n
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
 import os
@@ -127,14 +128,22 @@ def _load(space: str, work: Path):
 
 def _score(model, arch, spec, data) -> dict[str, float]:
     """Validation scores and latency as a trial measures them, plus test_2016_flickr BLEU and chrF."""
-    from nas.eval.scores import corpus_scores, translate
+    from nas.eval.validation import validation_scores
     from nas.search.trials import score_arch
 
     scores = score_arch(model, arch, spec, data)
+    test = validation_scores(model, arch, _test_set(data), beam_size=spec.search.beam_size, loss=False)
+    return {**scores, "test_bleu": test["bleu"], "test_chrf": test["chrf"]}
+
+
+@functools.lru_cache(maxsize=2)
+def _test_set(data):
+    """test_2016_flickr (its first 40 pairs in a smoke run) as a text-only ValidationSet, read once per corpus."""
+    from nas.eval.validation import ValidationSet
+
     folder = ROOT.parent / "shared" / "data" / "multi30k"
     src, ref = (_lines(folder / name)[:40 if STEPS else None] for name in TEST)
-    test = corpus_scores(translate(model, data.tokenizer(), src, arch, beam_size=spec.search.beam_size), ref)
-    return {**scores, "test_bleu": test.bleu, "test_chrf": test.chrf}
+    return ValidationSet.from_text(src, ref, data.tokenizer())
 
 
 def _train_alone(arch, spec, data, path: Path, extra: dict[str, Any]) -> dict[str, Any]:
@@ -273,16 +282,18 @@ def _tau_inherited(spec, data, out: Path, supernet, front: list[dict[str, Any]])
     """``unified/tau/inherited_<arch_id>.json``: validation scores of the tau archs with inherited weights."""
     from nas.model.io import load_model
     from nas.model.supernet import count_params, extract
+    from nas.eval.validation import ValidationSet
     from nas.search.fidelity import score_model
 
     supernet = supernet or load_model(spec.run_dir / "supernet", "supernet")
     folder = out / "unified" / "tau"
+    vset = ValidationSet.load(data, spec.search.valid_sentences)
     for arch in _tau_archs(spec, supernet, front):
         path = folder / f"inherited_{arch.arch_id}.json"
         if _read(path) is None:
             _write(path, {"arch_id": arch.arch_id, "arch_summary": arch.summary(), "arch": arch.to_dict(),
                           "params_m": count_params(extract(supernet, arch)) / 1e6,
-                          **score_model(supernet, arch, spec, data)})
+                          **score_model(supernet, arch, spec, data, vset)})
 
 
 def phase_tau(work: Path, out: Path, train: bool = True, only: tuple[str, ...] = ()) -> None:

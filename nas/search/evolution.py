@@ -247,7 +247,7 @@ def recover(study: optuna.Study, batch_dir: Path, constraints) -> tuple[int, int
 
 def front_size(trials, directions: Sequence[str]) -> int:
     """Size of the first Pareto front of the feasible completed ``trials``."""
-    feasible = [t for t in trials if feasible(t)]
+    ok = [t for t in trials if feasible(t)]
     sign = [1.0 if d == "minimize" else -1.0 for d in directions]
-    fronts = nondominated_fronts([[s * v for s, v in zip(sign, t.values)] for t in feasible])
+    fronts = nondominated_fronts([[s * v for s, v in zip(sign, t.values)] for t in ok])
     return len(fronts[0]) if fronts else 0

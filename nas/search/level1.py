@@ -129,6 +129,19 @@ class Level1Search(Searcher):
     def set_search_properties(self, metric, mode, config, **spec) -> bool:
         return True
 
+    # The study is the state (a killed level 1 recovers from it and the stored batches): no Ray searcher file.
+    def save_to_dir(self, checkpoint_dir: str, session_str: str = "default") -> None:
+        pass
+
+    def restore_from_dir(self, checkpoint_dir: str) -> None:
+        pass
+
+    def save(self, checkpoint_path: str) -> None:
+        pass
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
     @property
     def study(self) -> optuna.Study:
         if self._study is None:
@@ -206,20 +219,20 @@ def _log_generations(spec: SweepSpec, parent: str, logged: set[int]):
             logged.add(gen)
             evaluated = sum(len(by_gen[g]) for g in by_gen if g <= gen)
             upto = [t for t in complete if int(t.system_attrs.get(key, 0)) <= gen]
-            feasible = [t for t in rows if feasible(t)]
-            best = (min if directions[0] == "minimize" else max)(t.values[0] for t in (feasible or rows))
+            ok = [t for t in rows if feasible(t)]
+            best = (min if directions[0] == "minimize" else max)(t.values[0] for t in (ok or rows))
             table = {"number": [t.number for t in rows], "arch": [t.user_attrs.get(ATTR_ARCH, "") for t in rows],
                      "score": [t.values[0] for t in rows], "latency_ms": [t.user_attrs.get(ATTR_LATENCY) for t in rows],
                      "latency_ratio": [t.values[1] for t in rows],
-                     "feasible": [t in feasible for t in rows]}
+                     "feasible": [t in ok for t in rows]}
             try:
                 tracking.get_client().log_table(parent, data=table, artifact_file=f"level1/generation_{gen:03d}.json")
-                tracking.log_metrics(parent, {"candidates_evaluated": evaluated, "level1_feasible": len(feasible),
+                tracking.log_metrics(parent, {"candidates_evaluated": evaluated, "level1_feasible": len(ok),
                                               "level1_front_size": front_size(upto, directions),
                                               "level1_best_score": best}, step=gen)
             except Exception as e:  # tracking is best effort here: the study holds every candidate
                 console.print(f"[yellow]level 1: generation {gen} not logged to MLflow ({type(e).__name__}: {e})")
-            console.print(f"level 1: generation {gen} done ({evaluated} candidates, {len(feasible)} of "
+            console.print(f"level 1: generation {gen} done ({evaluated} candidates, {len(ok)} of "
                           f"{len(rows)} feasible, best score {best:.4g})")
     return log
 

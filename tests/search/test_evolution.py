@@ -16,7 +16,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from nas.search.evolution import (crowding_distance, gene_choices, level1_directions, nondominated_fronts,
+from nas.search.evolution import (crowding_distance, front_size, gene_choices, level1_directions, nondominated_fronts,
                                   select_level2, suggest_genes)
 from nas.space import parse_spec
 from nas.space.space import SearchSpace
@@ -102,6 +102,7 @@ def test_level2_takes_the_feasible_front_by_crowding_then_tops_up():
     everything = select_level2(trials, 7, ["minimize", "minimize"])
     assert {tuple(t.values) for t in everything[:5]} == {tuple(v) for v in front}
     assert everything[5].values == [3.0, 8.0] and everything[6].values == [0.1, 0.1]  # next front, then infeasible
+    assert front_size(trials, ["minimize", "minimize"]) == 5  # feasible first front only
 
 
 def test_level2_maximized_score_is_ranked_the_right_way():
