@@ -218,7 +218,7 @@ def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
 
 def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
     work, env, _, _ = sweep
-    proc = _nas(["latency", "fit", str(work / "e2e.yaml"), "--samples", "10", "--sentences", "2", "--threads", "1",
+    proc = _nas(["latency", "fit", str(work / "e2e.yaml"), "--samples", "10", "--threads", "1",
                  "--out", str(work / "lat.safetensors")], env, work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "MAPE" in proc.stdout and "RMSE" in proc.stdout
@@ -229,6 +229,9 @@ def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
     samples = json.loads((work / "lat.samples.json").read_text())
     assert len(samples) >= 8 and all(s["latency_ms"] > 0 for s in samples)
     assert predictor.predict(Arch.from_dict(samples[0]["arch"])) > 0
+    # the fixed workload of the YAML (beam = search.beam_size), and the reference's time for latency_ratio
+    assert predictor.workload == {"src_tokens": 30, "tgt_tokens": 30, "beam": 2, "batch": 1}
+    assert predictor.reference_ms == next(s["latency_ms"] for s in samples if s.get("reference"))
 
 
 def test_export_onnx_from_the_leaderboard_translates_with_onnxruntime_only(sweep):
