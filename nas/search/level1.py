@@ -197,6 +197,17 @@ class Level1Result:
     """Seconds this driver spent in level 1 (predictor included)."""
 
 
+def _logged_generations(parent: str) -> set[int]:
+    """The generations whose table the parent run already holds (``level1/generation_NNN.json``)."""
+    from nas import tracking
+
+    try:
+        names = [Path(a.path).stem for a in tracking.get_client().list_artifacts(parent, "level1")]
+    except Exception:  # best effort, as the logging itself: at worst a table is logged again
+        return set()
+    return {int(n.rsplit("_", 1)[1]) for n in names if n.startswith("generation_") and n.rsplit("_", 1)[1].isdigit()}
+
+
 def _log_generations(spec: SweepSpec, parent: str, logged: set[int]):
     """A callback logging each finished generation's table and metrics to the parent run (once each)."""
     from nas import tracking
@@ -265,7 +276,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     done = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
     console.print(f"[bold]level 1[/bold]: {ev.population} x {ev.generations} candidates ({done} done), "
                   f"{ev.score} on {ev.subset_sentences} validation sentences, NSGA-II, batches of {ev.batch_size}")
-    logged: set[int] = set()
+    logged = _logged_generations(parent)  # a resumed level 1 logs each generation's table once
     on_generation = _log_generations(spec, parent, logged)
     if done < ev.population * ev.generations:
         searcher = Level1Search(spec, l1ref, batch_dir, on_generation)

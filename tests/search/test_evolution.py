@@ -170,6 +170,9 @@ def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_pa
 
     artifacts = {a.path for a in tracking.get_client().list_artifacts(parent.info.run_id, "level1")}
     assert {"level1/generation_000.json", "level1/generation_001.json"} <= artifacts
+    table = json.loads(Path(tracking.get_client().download_artifacts(parent.info.run_id, "level1/generation_000.json",
+                                                                     str(tmp_path))).read_text())
+    assert len(table["data"]) == POPULATION, table  # one row per candidate of the generation, logged once
     history = tracking.get_client().get_metric_history(parent.info.run_id, "candidates_evaluated")
     assert max(m.value for m in history) == POPULATION * GENERATIONS
     status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
