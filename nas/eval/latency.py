@@ -56,6 +56,10 @@ __all__ = ["FEATURE_NAMES", "DEFAULT_WORKLOAD", "REFERENCE_NAMES", "arch_feature
            "measure_latency", "trimmed_mean", "workload_of", "workload_tag", "resolve_reference", "collect_samples",
            "collect_fixed_samples", "fit_predictor_file", "describe_device", "LatencyPredictor", "check_drift"]
 
+REFERENCE_ROUNDS = 3
+"""The reference arch (``search.latency_reference``) is timed this many times and the median kept: its time divides
+every ``latency_ratio`` of a sweep, and one timing on a noisy machine can be 20% off (measured on a 2-core VM)."""
+
 DEFAULT_WORKLOAD: dict[str, int] = {"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}
 """HAT's workload (sec. 4: a 30-token source, 30 decoder steps, batch 1) at this project's default beam (4):
 ``search.latency_workload``'s defaults with ``search.beam_size: 4``."""
@@ -441,10 +445,12 @@ def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[s
         task = bar.add_task("archs", total=len(archs), info="")
         for arch in archs:
             model = extract(supernet, arch).to(device)
-            ms = measure_fixed_latency(model, arch, src_tokens=workload["src_tokens"],
-                                       tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
-                                       batch_size=workload["batch"], repeats=repeats, warmup=warmup, threads=threads,
-                                       lock=lock)
+            rounds = REFERENCE_ROUNDS if arch.arch_id == reference.arch_id else 1
+            ms = statistics.median(
+                measure_fixed_latency(model, arch, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
+                                      beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats,
+                                      warmup=warmup, threads=threads, lock=lock)
+                for _ in range(rounds))
             samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
                             "workload": dict(workload), "batch_size": workload["batch"], "beam_size": workload["beam"],
                             "latency_ms": ms, "device": where, "reference": arch.arch_id == reference.arch_id})

@@ -161,14 +161,31 @@ class Level1Search(Searcher):
         remaining = self.total - done - self._open()
         if remaining <= 0:
             return Searcher.FINISHED if not self._batches else None
+        room = self._room(trials)
+        if room <= 0:
+            return None  # this generation is asked in full: its batches finish before the next one's start
         batch = []
-        for _ in range(min(self.batch_size, remaining)):
+        for _ in range(min(self.batch_size, remaining, room)):
             trial = self.study.ask()
             arch = suggest_genes(self.space, trial, self.genes)
             trial.set_user_attr(ATTR_ARCH, arch.summary())
             batch.append([trial.number, dict(trial.params)])
         self._batches[trial_id] = [n for n, _ in batch]
         return {"level1_batch": json.dumps(batch)}
+
+    def _room(self, trials) -> int:
+        """Candidates the current NSGA-II generation still takes. Optuna files a trial asked before a generation
+        completes into that generation, so asking freely would let ``max_concurrent`` batches overflow it (1,000
+        candidates made 7 generations of 100 and 150 instead of 10 of 100); failed candidates leave room."""
+        key = optuna.samplers.NSGAIISampler._get_generation_key()
+        live = [t for t in trials if t.state in (TrialState.RUNNING, TrialState.COMPLETE) and key in t.system_attrs]
+        if not live:
+            return self.population
+        current = max(int(t.system_attrs[key]) for t in live)
+        members = [t for t in live if int(t.system_attrs[key]) == current]
+        if sum(t.state == TrialState.COMPLETE for t in members) >= self.population:
+            return self.population  # the next ask opens generation current + 1
+        return self.population - len(members)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         numbers = self._batches.pop(trial_id, [])

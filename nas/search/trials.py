@@ -10,7 +10,7 @@ latency measurement holds it alone, so no trial times itself while another compu
 
 A trial's ``latency_ms`` times the YAML's fixed workload (``search.latency_workload``,
 :func:`nas.eval.latency.measure_fixed_latency`); ``latency_ratio`` divides it by the latency of the reference arch
-(``search.latency_reference``, :func:`resolve_reference`), timed once per worker process, device, thread count and
+(``search.latency_reference``, :func:`resolve_reference`), timed (the median of 3 timings) once per worker process, device, thread count and
 workload.
 
 A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.json`` (atomically)
@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,7 @@ from ray import tune
 from nas import faults
 from nas.data import PreparedData
 from nas.errors import NasError
-from nas.eval.latency import resolve_reference
+from nas.eval.latency import REFERENCE_ROUNDS, resolve_reference
 from nas.eval.measure_lock import MeasureLock
 from nas.eval.validation import ValidationSet, validation_scores
 from nas.io import atomic_write_text
@@ -234,8 +235,9 @@ def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, referen
         m, a, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
         batch_size=workload["batch"], repeats=se.latency_repeats, threads=threads)
     with lock.exclusive():  # one hold for both (measure_fixed_latency is given no lock); nothing else computes
-        if key not in _reference_ms:
-            _reference_ms[key] = time_it(extract(model, reference).eval().to(device), reference)
+        if key not in _reference_ms:  # the median of REFERENCE_ROUNDS timings: it divides every ratio
+            ref_model = extract(model, reference).eval().to(device)
+            _reference_ms[key] = statistics.median(time_it(ref_model, reference) for _ in range(REFERENCE_ROUNDS))
         latency_ms = time_it(sub, arch)
     reference_ms = _reference_ms[key]
     return {"latency_ms": latency_ms, "latency_reference_ms": reference_ms, "latency_ratio": latency_ms / reference_ms}

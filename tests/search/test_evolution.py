@@ -177,3 +177,33 @@ def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_pa
     assert max(m.value for m in history) == POPULATION * GENERATIONS
     status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
     assert f"level 1 COMPLETE {POPULATION * GENERATIONS}" in status.stdout, status.stdout
+
+
+def test_level1_asks_no_more_than_a_generation_before_it_completes():
+    from types import SimpleNamespace
+
+    from nas.search.level1 import Level1Search
+
+    study = optuna.create_study(directions=["minimize", "minimize"],
+                                sampler=optuna.samplers.NSGAIISampler(population_size=4, seed=0))
+    room = lambda: Level1Search._room(SimpleNamespace(population=4), study.get_trials(deepcopy=False))  # noqa: E731
+
+    def ask():
+        trial = study.ask()
+        trial.suggest_categorical("x", [0, 1, 2])
+        return trial
+
+    assert room() == 4
+    first = [ask() for _ in range(4)]
+    assert room() == 0  # generation 0 is asked in full: wait, do not overflow it
+    for t in first[:3]:
+        study.tell(t, [1.0, 1.0])
+    assert room() == 0
+    study.tell(first[3], state=TrialState.FAIL)
+    assert room() == 1  # a failed candidate leaves room in its generation
+    study.tell(ask(), [2.0, 0.5])
+    assert room() == 4  # generation 0 complete: the next ask opens generation 1
+    ask()
+    assert room() == 3
+    key = optuna.samplers.NSGAIISampler._get_generation_key()
+    assert [t.system_attrs[key] for t in study.get_trials()] == [0, 0, 0, 0, 0, 1]

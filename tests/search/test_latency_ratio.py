@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import nas.eval.latency as latency
+from nas.eval.latency import REFERENCE_ROUNDS
 import nas.search.trials as trials
 from nas.errors import NasError
 from nas.eval.latency import LatencyPredictor, collect_fixed_samples, fit_predictor_file, workload_of, workload_tag
@@ -72,13 +73,14 @@ def test_score_arch_reports_the_ratio_to_the_reference_timed_once_per_process(ti
     monkeypatch.setattr(latency, "measure_fixed_latency", spy)
     monkeypatch.setattr(trials, "_reference_ms", {})
     first = score_arch(model, space.widest(), spec, data)
-    assert [a for a, _ in calls] == [space.narrowest().arch_id, space.widest().arch_id]  # the reference first
-    assert calls[0][1] == calls[1][1] == {"src_tokens": 8, "tgt_tokens": 6, "beam_size": 2, "batch_size": 1,
-                                          "repeats": 2, "threads": 1}  # the YAML's workload, beam from beam_size
+    # the reference first (REFERENCE_ROUNDS timings, the median kept), then the arch
+    assert [a for a, _ in calls] == [space.narrowest().arch_id] * REFERENCE_ROUNDS + [space.widest().arch_id]
+    assert all(kw == {"src_tokens": 8, "tgt_tokens": 6, "beam_size": 2, "batch_size": 1, "repeats": 2, "threads": 1}
+               for _, kw in calls)  # the YAML's workload, beam from beam_size
     assert first["latency_ms"] > 0 and first["latency_reference_ms"] > 0
     assert first["latency_ratio"] == first["latency_ms"] / first["latency_reference_ms"]
     second = score_arch(model, space.middle(), spec, data)
-    assert [a for a, _ in calls[2:]] == [space.middle().arch_id]  # the reference is not timed again
+    assert [a for a, _ in calls[REFERENCE_ROUNDS + 1:]] == [space.middle().arch_id]  # the reference is not timed again
     assert second["latency_reference_ms"] == first["latency_reference_ms"]
     assert second["latency_ratio"] == second["latency_ms"] / first["latency_reference_ms"]
 
@@ -94,7 +96,18 @@ def test_a_latency_ratio_constraint_makes_a_trial_feasible_or_not(tiny, fake_tim
     assert feasibility(metrics, _spec(raw, constraints=["latency_ratio <= 1.3"])) == {"feasible": 1.0}
     narrowest = score_arch(model, space.narrowest(), tight, data)
     assert narrowest["latency_ratio"] == 1.0 and feasibility(narrowest, tight) == {"feasible": 1.0}
-    assert len(fake_timings) == 3  # reference once, then each arch
+    assert len(fake_timings) == REFERENCE_ROUNDS + 2  # the reference's rounds once, then each arch
+
+
+def test_the_reference_time_is_the_median_of_its_rounds(tiny, monkeypatch):
+    raw, data, model = tiny
+    space = SearchSpace.from_spec(_spec(raw))
+    times = iter([30.0, 10.0, 12.0, 18.0])  # three reference rounds (one slow spell), then the arch
+
+    monkeypatch.setattr(latency, "measure_fixed_latency", lambda model, arch, **kw: next(times))
+    monkeypatch.setattr(trials, "_reference_ms", {})
+    metrics = score_arch(model, space.widest(), _spec(raw), data)
+    assert metrics["latency_reference_ms"] == 12.0 and metrics["latency_ratio"] == 1.5
 
 
 def test_the_reference_is_timed_again_for_another_workload_or_reference(tiny, fake_timings):
@@ -103,7 +116,7 @@ def test_the_reference_is_timed_again_for_another_workload_or_reference(tiny, fa
     score_arch(model, arch, _spec(raw), data)
     score_arch(model, arch, _spec(raw, latency_workload={"src_tokens": 8, "tgt_tokens": 7}), data)
     widest = score_arch(model, arch, _spec(raw, latency_reference="widest"), data)
-    assert len(fake_timings) == 6 and widest["latency_reference_ms"] == 14.0
+    assert len(fake_timings) == 3 * (REFERENCE_ROUNDS + 1) and widest["latency_reference_ms"] == 14.0
 
 
 def test_resolve_reference_reads_names_and_arch_json_and_names_the_key_when_bad(tiny):

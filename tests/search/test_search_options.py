@@ -14,6 +14,7 @@ import optuna
 import pytest
 import torch
 
+from nas.eval.latency import REFERENCE_ROUNDS
 from nas.search.searcher import OPTUNA_TRIAL_KEY, DurableOptunaSearch, StudyRef
 from nas.search.trials import DefineByRun, feasibility, score_arch
 from nas.space.space import SearchSpace
@@ -310,4 +311,4 @@ def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
     monkeypatch.setattr(trials, "_reference_ms", {})  # this process has timed no reference yet
     spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_repeats": 1}})
     assert score_arch(model, arch, spec, data)["latency_ms"] > 0
-    assert seen == [torch.device("cpu")] * 2  # the reference, then the arch
+    assert seen == [torch.device("cpu")] * (REFERENCE_ROUNDS + 1)  # the reference (the median of its rounds), then the arch
