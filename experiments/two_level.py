@@ -35,6 +35,7 @@ import ast
 import json
 import math
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -256,7 +257,7 @@ def cmd_latency(args) -> None:
             rounds[a.arch_id].append(timed(a))
     for a in todo:
         _write(lat_dir / f"{a.arch_id}.json", {"arch_id": a.arch_id, "arch_summary": a.summary(),
-                                                "latency_ms": statistics_median(rounds[a.arch_id]),
+                                                "latency_ms": statistics.median(rounds[a.arch_id]),
                                                 "rounds_ms": rounds[a.arch_id]})
     extra = args.out / "latency_checks.json"
     if not extra.is_file():
@@ -284,18 +285,12 @@ def cmd_latency(args) -> None:
             trained = load_model(args.trained, "supernet").eval()
             weights["initialization"] = measure_fixed_latency(extract(trained, arch).eval(), arch, **kw)
         _write(extra, {"arch": arch.summary(), "spread_ms": spread,
-                       "spread_rel": (max(spread) - min(spread)) / statistics_median(spread),
+                       "spread_rel": (max(spread) - min(spread)) / statistics.median(spread),
                        "heldout": [{"arch": a.summary(), "measured_ms": m, "predicted_ms": p}
                                    for a, m, p in zip(held, measured, predicted)],
                        "predictor_mape": mape, "weights_ms": weights,
                        "weights_rel": (max(weights.values()) - min(weights.values())) / min(weights.values())})
         print(f"spread {spread}, MAPE {mape:.1f}%, weights {weights}", flush=True)
-
-
-def statistics_median(values):
-    import statistics
-
-    return statistics.median(values)
 
 
 def _bootstrap_tau(x, y, n=2000, seed=0) -> tuple[float, float]:

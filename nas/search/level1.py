@@ -24,6 +24,7 @@ from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, 
                                   suggest_genes, tell)
 from nas.search.failures import SweepFailed
 from nas.search.searcher import StudyRef
+from nas.search.tune import ray_dir, run_config
 from nas.space import SweepSpec
 from nas.space.space import SearchSpace
 
@@ -272,8 +273,6 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     Raises:
         SweepFailed: every level-1 candidate failed.
     """
-    from nas.search.tune import ray_dir
-
     start = time.monotonic()
     ev = spec.search.evolution
     work = spec.run_dir.resolve() / "level1" / sweep_id
@@ -301,8 +300,6 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
             tune.with_parameters(score_batch, l1=Level1Context(ctx=ctx, predictor=predictor, batch_dir=batch_dir)),
             {"cpu": spec.search.cpu_per_trial, "gpu": spec.search.gpu_per_trial})
         exp_dir = ray_dir(spec, sweep_id, f"level1-{time.strftime('%Y%m%d-%H%M%S')}")
-        from nas.search.tune import run_config
-
         tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
                                                                    reuse_actors=True),
                            run_config=run_config(exp_dir, [], spec.search.max_failures))
@@ -329,8 +326,6 @@ def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
         return path
     samples_file = work / "latency_samples.json"
     if not samples_file.is_file():
-        from nas.search.tune import ray_dir, run_config
-
         console.print(f"level 1: timing {spec.search.evolution.predictor_samples} archs on the fixed workload "
                       f"for the latency predictor")
         trainable = tune.with_resources(tune.with_parameters(time_samples, ctx=ctx, out=samples_file),
