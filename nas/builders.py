@@ -41,16 +41,21 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
     """The sweep's supernet constructor arguments, JSON-ready (what ``SuperTransformer.config()`` returns).
 
     The maxima are the space's (``SearchSpace.supernet_maxima``), so the supernet's size is the product
-    of the YAML's maxima (DESIGN: "the unified layer").
+    of the YAML's maxima (DESIGN: "the unified layer"). As ``SuperTransformer.config()``, it has
+    ``relative_layers`` (the spec's, "units" by default) only with relative positions and ``share_layouts``
+    only when False, so the config (and the trainer's fingerprint of it) of a sweep that uses neither is what
+    it was before they existed.
     """
     sn = spec.supernet
     maxima = build_space(spec).supernet_maxima(spec)
+    relative = relative_positions(spec, maxima)
     return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, head_dim=sn.head_width,
                 max_arch=maxima.to_dict(),
                 dropout=sn.dropout, attention_dropout=sn.attention_dropout, drop_branch=spec.drop_branch,
                 max_positions=sn.max_positions, pad_id=0, more_features=sn.more_features,
                 unit_bias_rate=spec.train.unit_bias_rate, io_projection=spec.io_projection,
-                relative_positions=relative_positions(spec, maxima))
+                relative_positions=relative, **({"relative_layers": sn.relative_layers} if relative else {}),
+                **({} if sn.share_layouts else {"share_layouts": False}))
 
 
 def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:

@@ -22,11 +22,11 @@ from typing import Iterable, Sequence
 
 import torch
 
-from nas.model.losses import label_smoothed_nll
+from nas.model.losses import label_smoothed_nll, smoothed_nll_of
 from nas.space import JointStage, SeqDistillStage, WordDistillStage
 
 __all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss",
-           "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS"]
+           "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS", "teacher_probs"]
 
 Stage = JointStage | WordDistillStage | SeqDistillStage
 STAGE_NUMBERS = {"joint": 1, "word_distill": 2, "seq_distill": 3}
@@ -118,7 +118,8 @@ def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, targe
 
 
 def word_distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, target: torch.Tensor, lambda_2: float,
-                      epsilon: float, pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                      epsilon: float, pad_id: int = 0, *, probs: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sub-Transformer's term of the stage-2 loss (sec. 3.3, L_2; lambda_2 from eq. 5):
     ``lambda_2 * L_ce(T(S); G) + (1 - lambda_2) * L_ce(T(S); T_max(S))``.
 
@@ -128,7 +129,9 @@ def word_distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, target
 
     Args:
         logits: the sub-Transformer's ``[b, t, V]``.
-        teacher_logits: the widest sub-Transformer's ``[b, t, V]`` of the same step.
+        teacher_logits: the widest sub-Transformer's ``[b, t, V]`` of the same step; with ``probs``, its
+            word distribution already computed (:func:`teacher_probs`), so that the students of a batch share
+            one softmax.
         target: ``[b, t]`` ground-truth ids; ``pad_id`` positions are ignored.
         lambda_2: weight of the ground truth, in [0, 1].
         epsilon: label smoothing of the ground-truth term.
@@ -140,9 +143,18 @@ def word_distill_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, target
     """
     if not 0.0 <= lambda_2 <= 1.0:
         raise ValueError(f"lambda_2={lambda_2} is outside [0, 1]")
-    hard, _ = label_smoothed_nll(logits, target, epsilon, pad_id)
-    soft = soft_cross_entropy(logits, teacher_logits, target, pad_id)
+    lprobs = torch.log_softmax(logits.float(), dim=-1)  # [b, t, V], once for both terms
+    hard, _ = smoothed_nll_of(lprobs, target, epsilon, pad_id)
+    teacher = teacher_logits.detach() if probs else teacher_probs(teacher_logits)  # [b, t, V]
+    ce = -(teacher * lprobs).sum(-1)  # [b, t]
+    soft = ce.masked_fill(target.eq(pad_id), 0.0).sum()
     return lambda_2 * hard + (1.0 - lambda_2) * soft, hard, soft
+
+
+def teacher_probs(teacher_logits: torch.Tensor) -> torch.Tensor:
+    """The widest's word distribution ``softmax(teacher_logits)`` ``[b, t, V]``, float32, detached: computed once
+    per batch and passed to :func:`word_distill_loss` (``probs=True``) for every student."""
+    return torch.softmax(teacher_logits.detach().float(), dim=-1)
 
 
 def width_dropout_rate(width_dropout: dict[int, float] | None, model_width: int) -> float | None:

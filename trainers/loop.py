@@ -68,6 +68,9 @@ __all__ = ["train_supernet", "TrainResult", "supernet_fingerprint", "check_finge
 
 Report = Callable[[dict[str, float]], None]
 CHECKPOINT = "checkpoint.pt"
+SAMPLE_COUNTS = "sample_counts.json"
+"""How often each (layer, dimension, value) was trained: the sandwich's draws of the whole run
+(:attr:`~trainers.stages.SandwichArchs.counts`), written beside the supernet and logged with its files."""
 SUPERNET = "supernet"
 
 
@@ -152,7 +155,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     batchers = {"train": TokenBatcher(corpus, tr.max_tokens, shuffle=True, seed=tr.seed)}
     rng = random.Random(tr.seed)
     state = {"step": 0, "epoch": 0, "position": 0, "elapsed_s": 0.0, "final": {}, "stage": plan[0].name,
-             "corpus": "train", "stage_scores": {}}
+             "corpus": "train", "stage_scores": {}, "sample_counts": {}}
     ckpt_path = out_dir / CHECKPOINT
     fingerprint = supernet_fingerprint(spec, data)
     check_fingerprint(out_dir, fingerprint)
@@ -163,7 +166,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         scheduler.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["torch_rng"].cpu())
         rng.setstate(_as_tuple(ckpt["sampler_rng"]))
-        state = {"corpus": "train", "stage_scores": {}, **ckpt["state"]}
+        state = {"corpus": "train", "stage_scores": {}, "sample_counts": {}, **ckpt["state"]}
     elif tr.proximal_init is not None:  # a fresh run: MAT sec. 3.3
         proximal_initialize(model, load_proximal_source(tr.proximal_init))
     if state["step"] >= tr.steps and (out_dir / "metrics.json").is_file():
@@ -182,7 +185,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
                                      "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                                      "sampler_rng": rng.getstate(), "state": state})
 
-    archs = SandwichArchs(space, rng, tr.sandwich_k)
+    archs = SandwichArchs(space, rng, tr.sandwich_k, balanced=tr.balanced_sampling, counts=state["sample_counts"])
     widest = archs.widest
     precision = resolve_precision(tr.precision, device)  # auto: bf16 only where the device has it natively
     before = state.get("precision")  # absent in checkpoints written before precision was recorded
@@ -217,11 +220,14 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         state["stage"] = at.stage.name
         window.add(result.output, result.ntokens)
         if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
-            students = tr.sandwich_k + 1 if at.distill_lambda is not None else 0
+            inplace = at.number == 1 and tr.inplace_distill
+            students = tr.sandwich_k + 1 if at.distill_lambda is not None or inplace else 0
             metrics = {**window.metrics(optimizer, result.grad_norm, sampled=tr.sandwich_k, distilled=students),
-                       "stage": at.number}
+                       "stage": at.number, "sample_spread": _max_spread(space, state["sample_counts"])}
             if at.distill_lambda is not None:
                 metrics[f"lambda_{at.number}"] = at.distill_lambda
+            elif inplace:
+                metrics["distill_lambda"] = tr.distill_lambda
             state["elapsed_s"] += metrics.pop("window_s")
             bar.update(task, completed=state["step"],
                        info=f"{at.stage.name} | loss {metrics['train_loss']:.3f} | "
@@ -263,12 +269,21 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     final = broadcast(lambda: _final_scores(model, valid(), spec, widest, last), main)
     stage_scores = {f"stage{n}_{k}": v for n, scores in state["stage_scores"].items() for k, v in scores.items()}
     state["final"] = {**final, **stage_scores, "train_seconds": state["elapsed_s"],
+                      "sample_spread": _max_spread(space, state["sample_counts"]),
                       "epochs": state["epoch"] + state["position"] / max(len(batchers[state["corpus"]]), 1)}
     checkpoint()
     if main:
+        atomic_write_text(out_dir / SAMPLE_COUNTS, json.dumps(state["sample_counts"], indent=1, sort_keys=True))
         atomic_write_text(out_dir / "metrics.json", json.dumps(state["final"], indent=2))
     emit({**state["final"], **(param_sums(model) if world > 1 else {}), "step": state["step"]})
     return TrainResult(out_dir, state["step"], dict(state["final"]))
+
+
+def _max_spread(space: SearchSpace, counts: dict[str, dict[str, int]]) -> float:
+    """The largest ``max / min - 1`` of a choice's value counts (:meth:`SearchSpace.count_spread`); 0 when nothing
+    is counted yet or the space has one arch. Capped at 1e6 so that MLflow logs a finite number."""
+    spread = space.count_spread(counts).values()
+    return min(max(spread, default=0.0), 1e6)
 
 
 def _corpus(plan, at: StagePosition) -> str:

@@ -23,16 +23,26 @@ def drop_branch_at(rho: float, warmup: int, step: int) -> float:
     return rho if warmup <= 0 or step >= warmup else rho * step / warmup
 
 
-def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arch: Arch) -> Regularization:
+def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arch: Arch,
+                        rate: float | None = None) -> Regularization:
     """The regularisation of ``arch``'s forward pass at 0-based optimizer step ``step``: the model's configured
     rates with ``train.drop_branch`` on the ``train.drop_branch_warmup`` schedule (:func:`drop_branch_at`) and the
     ``train.width_dropout`` rate of the arch's model width (``supernet.model_dim`` when the arch has none;
     Scalable Transformers sec. 4.1), when the YAML gives one.
 
+    ``rate``: the arch's ``train.dropout_range`` dropout (:attr:`~trainers.stages.StageContext.rates`),
+    which replaces the dropout, and scales drop-branch by ``rate / max`` (the widest keeps ``train.drop_branch``,
+    the narrowest gets ``drop_branch * min / max``). Scalable Transformers scales dropout only; MAT has one rho
+    for one model. Drop-branch is scaled too because it regularises the same way (it drops whole branches and
+    FFNs), and a small sub-Transformer that needs no dropout needs no drop-branch either.
+
     Raises:
         ValueError: ``train.width_dropout`` has no rate for the arch's model width.
     """
     tr = spec.train
+    rho = drop_branch_at(spec.drop_branch, tr.drop_branch_warmup, step)
+    if rate is not None:
+        high = tr.dropout_range[1] if tr.dropout_range is not None else 0.0
+        return model.regularization(drop_branch=rho * rate / high if high > 0 else 0.0, dropout=rate)
     rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
-    return model.regularization(drop_branch=drop_branch_at(spec.drop_branch, tr.drop_branch_warmup, step),
-                                **({} if rate is None else {"dropout": rate}))
+    return model.regularization(drop_branch=rho, **({} if rate is None else {"dropout": rate}))

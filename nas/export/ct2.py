@@ -5,7 +5,9 @@ al. 2019, what ``torch.nn.Transformer(norm_first=True)`` computes). A sub-Transf
 when every layer has one branch, one path and one unit, the ``sequential`` layout, and every layer of a
 stack has the same attention width (CTranslate2 takes one head count per stack); FFN widths may differ per
 layer. ``io_projection`` (Scalable Transformers eq. 3) and relative positions (MUTE's encoders) have no
-CTranslate2 counterpart in a Transformer spec, so models with them are refused too.
+CTranslate2 counterpart in a Transformer spec, so models with them are refused too; relative positions only
+where every layer has them (``relative_layers`` "all"): under "units" they are used only by layers with
+units > 1, which are refused anyway.
 :func:`ctranslate2_problem` names the first choice that prevents the conversion.
 
 The model is built with CTranslate2's Python spec API (``ctranslate2.specs.TransformerSpec``), weight by
@@ -90,7 +92,8 @@ def ctranslate2_problem(arch: Arch, config: dict[str, Any]) -> str | None:
     Args:
         arch: the sub-Transformer.
         config: the constructor config of the model that runs it (``SuperTransformer.config()``, the
-            ``model.json`` of a supernet or an export); read for ``io_projection`` and ``relative_positions``.
+            ``model.json`` of a supernet or an export); read for ``io_projection``, ``relative_positions`` and
+            ``relative_layers`` (absent: "all", the format before it existed).
     """
     for name, stack in (("encoder", arch.encoder), ("decoder", arch.decoder)):
         problem = _stack_problem(name, stack)
@@ -98,7 +101,7 @@ def ctranslate2_problem(arch: Arch, config: dict[str, Any]) -> str | None:
             return problem
     if config.get("io_projection") or arch.model_width:
         return "the model has the input/output projections of Scalable Transformers eq. 3 (io_projection)"
-    if config.get("relative_positions"):
+    if config.get("relative_positions") and config.get("relative_layers", "all") == "all":
         return (f"the encoder uses relative position representations (relative_positions="
                 f"{config['relative_positions']}) besides absolute sinusoids")
     return None

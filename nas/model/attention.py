@@ -154,6 +154,7 @@ class MultiBranchAttention(nn.Module):
         values: list | None = None,
         units: int = 1,
         dropout: float = 0.0,
+        relative: bool = True,
     ) -> torch.Tensor:
         """Attend each group's queries to themselves (``memory=None``) or to ``memory``.
 
@@ -172,6 +173,8 @@ class MultiBranchAttention(nn.Module):
                 every group, ``[G, b, t, D_l]``: Prime's Shared Projection ``V_C = V_A`` (Fig. 6).
             units: number of MUTE units U (the groups are U units x P paths).
             dropout: dropout rate on the attention probabilities.
+            relative: False: leave the relative position tables (when built) out of this call, as an attention
+                without them (an encoder layer running one unit under ``relative_layers="units"``).
         Returns:
             ``[G, b, t, C]``: per group ``1/B_l * sum_i beta_i * MHA_i`` (MAT eq. 4/6; residual added by the caller).
         """
@@ -192,7 +195,7 @@ class MultiBranchAttention(nn.Module):
                 q = apply(xs, w.proj).view(groups, bsz, t, nb, width)
                 k, v = self.memory_kv(memory, w)  # [G, b, B*h, s, dh]
             mask = None if key_pad is None else ~key_pad[None, :, None, None, :]  # [1, b, 1, 1, s], True = attend
-            if self.relative and not cross:
+            if self.relative and relative and not cross:
                 o = self._relative(self._heads(q), k, v, mask, causal, units, dropout)
             else:
                 o = attend(self._heads(q), k, v, mask, causal=causal, dropout_p=dropout)  # [G, b, B*h, t, dh]

@@ -7,11 +7,17 @@ convolution, :mod:`nas.model.conv`, and FFN in parallel). The decoder layer runs
 over a whole target and over one new position with a :class:`~nas.model.kv_cache.LayerCache`
 (incremental decoding, also the exported ONNX decoder step).
 
+With ``share_layouts=False`` a ``sequential+prime`` layer's Prime layout runs its own attention(s) and FFN
+(``prime_*``); the encoder's relative positions (Shaw et al. 2018) are in every layer or only in layers that
+run MUTE units (``relative_layers``).
+
 Regularisation (dropout, attention dropout, drop-branch) is an argument of every call
 (:class:`~nas.model.regularization.Regularization`, None = none).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +35,10 @@ from nas.model.units import (apply_unit_bias, combine_units, doubly_normalize, p
                              unit_weights)
 from nas.space.arch import LayerArch
 
-__all__ = ["EncoderLayer", "DecoderLayer"]
+__all__ = ["EncoderLayer", "DecoderLayer", "RELATIVE_LAYERS"]
+
+RELATIVE_LAYERS = ("units", "all")
+"""Where an encoder has relative position tables (:class:`EncoderLayer`): layers with MUTE units, or every layer."""
 
 _NONE = Regularization()
 
@@ -66,19 +75,28 @@ def _drop_branch(rho: float, units: int, paths: int, bsz: int, branches: int, at
 class _UnifiedLayer(nn.Module):
     """What encoder and decoder layers share: attention(s), FFN, path fusions, Prime parts and
     the MUTE units around them (DESIGN "The unified layer"):
-    ``Layer(x) = combine_u Unit_u(Bias_u(x))`` where a unit is a sequential or a Prime layer."""
+    ``Layer(x) = combine_u Unit_u(Bias_u(x))`` where a unit is a sequential or a Prime layer.
+
+    ``share_layouts``: whether the two layouts of a ``sequential+prime`` layer run the same attention(s)
+    and FFN (True, the format before the option existed) or each its own (False: the Prime layout runs
+    ``prime_<name>``, :meth:`module`). A layer builds only the modules its layouts run.
+    """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int, more_features: bool, layout: str, kernel_sizes: tuple[int, ...], max_units: int,
                  unit_bias_rate: float, sublayers: tuple[str, ...], causal: bool, head_dim: int | None = None,
-                 relative: int = 0) -> None:
+                 relative: int = 0, share_layouts: bool = True) -> None:
         super().__init__()
         self.layouts = tuple(layout.split("+"))
-        self.unit_bias_rate = unit_bias_rate
-        for name in sublayers:  # relative positions in self-attention only (the first sublayer)
-            self.add_module(name, MultiBranchAttention(model_dim, max_width, max_branches, heads, max_paths, max_units,
-                                                       head_dim, relative if name == sublayers[0] else 0))
-        self.ffn = ElasticFFN(model_dim, max_ffn_width, max_paths, max_units)
+        self.unit_bias_rate, self.share_layouts = unit_bias_rate, share_layouts
+        sets = [""] if share_layouts else [prefix for prefix, name in (("", "sequential"), ("prime_", "prime"))
+                                           if name in self.layouts]
+        for prefix in sets:  # "": the sequential (or shared) modules; "prime_": the Prime layout's own
+            for name in sublayers:  # relative positions in self-attention only (the first sublayer)
+                self.add_module(prefix + name, MultiBranchAttention(
+                    model_dim, max_width, max_branches, heads, max_paths, max_units, head_dim,
+                    relative if name == sublayers[0] else 0))
+            self.add_module(prefix + "ffn", ElasticFFN(model_dim, max_ffn_width, max_paths, max_units))
         if "sequential" in self.layouts:
             for name in (*sublayers, "ffn"):
                 self.add_module(f"{name}_paths", PathFusion(model_dim, max_paths, more_features, max_units))
@@ -91,6 +109,15 @@ class _UnifiedLayer(nn.Module):
             self.unit_alpha = nn.Parameter(torch.ones(max_units))  # eq. 10 weights
             self.shuffle = nn.Parameter(0.9 * torch.eye(max_units) + 0.1 / max_units)  # AutoShuffle M (eq. 16)
             self.mask_embedding = nn.Parameter(torch.randn(model_dim) * model_dim ** -0.5)
+
+    def module(self, name: str, layout: str) -> nn.Module:
+        """The attention or FFN ``name`` (``attn``, ``self_attn``, ``cross_attn``, ``ffn``) that ``layout`` runs:
+        ``prime_<name>`` for ``prime`` when the layer does not share its modules between layouts, else ``name``.
+
+        Raises:
+            AttributeError: the layer does not build it (``layout`` is not one of its layouts).
+        """
+        return getattr(self, f"prime_{name}" if layout == "prime" and not self.share_layouts else name)
 
     def check_layout(self, dims: LayerArch) -> None:
         """Raise ValueError unless ``dims.layout`` is built in this layer."""
@@ -128,10 +155,10 @@ class _UnifiedLayer(nn.Module):
     def _prime_affine(self, units: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.prime_norm_weight[:units, None, None, :c], self.prime_norm_bias[:units, None, None, :c]
 
-    def _prime_ffn(self, total: torch.Tensor, xu: torch.Tensor, dims: LayerArch, keep: torch.Tensor | None,
-                   p: float, memo: dict | None = None) -> torch.Tensor:
-        """``total + dropout(FFN(x_u))``, the FFN dropped per sentence with ``keep [U, b]`` (MAT eq. 7)."""
-        ffn = self.ffn if memo is None else self.ffn.forward  # incremental decoding skips Module.__call__
+    def _prime_ffn(self, ffn: Callable[..., torch.Tensor], total: torch.Tensor, xu: torch.Tensor, dims: LayerArch,
+                   keep: torch.Tensor | None, p: float, memo: dict | None = None) -> torch.Tensor:
+        """``total + dropout(FFN(x_u))`` with the Prime layout's ``ffn`` (module, or its bare ``forward`` in
+        incremental decoding), the FFN dropped per sentence with ``keep [U, b]`` (MAT eq. 7)."""
         y = drop(ffn(xu, dims.ffn_width, dims.units, p, memo), p)
         return total + (y if keep is None else y * keep[:, :, None, None].to(y.dtype))
 
@@ -161,21 +188,43 @@ class EncoderLayer(_UnifiedLayer):
     - ``relative > 0``: the self-attention adds relative position representations (Shaw et al. 2018,
       eq. 3-6; :class:`~nas.model.attention.MultiBranchAttention`), as MUTE's encoders do (sec. 4), so
       that a unit's swap or disorder bias changes what it computes, not only the order of its output rows.
+      Where (``relative_layers``): ``"all"``, in every call of the layer; ``"units"``, only where it runs
+      MUTE units, the reason MUTE has them: the layer builds the tables only when ``max_units > 1`` and
+      uses them only in calls with ``dims.units > 1`` (a one-unit call is the plain absolute-position layer).
+      Adapted for a supernet: in MUTE every encoder layer has units (and relative positions); here a
+      sub-Transformer's one-unit layer, with no unit bias to make visible, stays a plain Transformer layer.
 
     Args:
         layout: the layouts this layer supports: ``sequential``, ``prime`` or ``sequential+prime``.
         kernel_sizes: convolution kernel sizes it supports (Prime).
         max_units: the most MUTE units; unit_bias_rate: p_beta, the rate biases are switched on.
         relative: Shaw et al.'s clipping distance k (positions); 0: absolute positions only.
+        relative_layers: ``"units"`` or ``"all"`` (above; "all" is the format before the choice existed).
+        share_layouts: False: the Prime layout runs its own ``prime_attn`` and ``prime_ffn`` (its convolution
+            the values of ``prime_attn``), the sequential layout ``attn`` and ``ffn``; True: both run ``attn``
+            and ``ffn``. See :class:`~nas.model.supernet.SuperTransformer`.
+
+    Raises:
+        ValueError: ``relative_layers`` is neither ``"units"`` nor ``"all"``.
     """
 
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
                  kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
-                 head_dim: int | None = None, relative: int = 0) -> None:
+                 head_dim: int | None = None, relative: int = 0, relative_layers: str = "all",
+                 share_layouts: bool = True) -> None:
+        if relative_layers not in RELATIVE_LAYERS:
+            raise ValueError(f"relative_layers={relative_layers!r}: expected one of {RELATIVE_LAYERS}")
+        built = relative if relative_layers == "all" or max_units > 1 else 0
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
                          kernel_sizes, max_units, unit_bias_rate, ("attn",), causal=False, head_dim=head_dim,
-                         relative=relative)
+                         relative=built, share_layouts=share_layouts)
+        self.relative_layers = relative_layers
+
+    def uses_relative(self, dims: LayerArch) -> bool:
+        """Whether a call with ``dims`` adds the relative position tables (when the layer has them):
+        always under ``relative_layers="all"``, with ``dims.units > 1`` under ``"units"``."""
+        return self.relative_layers == "all" or dims.units > 1
 
     def forward(self, x: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 reg: Regularization | None = None) -> torch.Tensor:
@@ -193,13 +242,13 @@ class EncoderLayer(_UnifiedLayer):
         xu = self._unit_inputs(x, dims, lengths)  # [U, b, s, C]
         branch_scale, keeps = _drop_branch(reg.drop_branch, units, n_paths, x.size(0), nb, 1, x.device)
         attn = dict(width=dims.width, branches=nb, key_pad=src_pad, branch_scale=branch_scale[0], units=units,
-                    dropout=reg.attention_dropout)
+                    dropout=reg.attention_dropout, relative=self.uses_relative(dims))
         if dims.layout == "prime":
             values: list = []
-            total = xu + drop(self.attn(xu, values=values, **attn), p)
-            if dims.kernels:
+            total = xu + drop(self.module("attn", "prime")(xu, values=values, **attn), p)
+            if dims.kernels:  # the convolution on the Prime attention's values (Shared Projection)
                 total = total + drop(self.conv(xu, values[0], dims.kernels, src_pad), p)
-            total = self._prime_ffn(total, xu, dims, keeps[-1], p)
+            total = self._prime_ffn(self.module("ffn", "prime"), total, xu, dims, keeps[-1], p)
             return self._combine(self._prime_norm(total), dims)
         xu = self.attn_paths.fuse(xu, drop(self.attn(self.attn_paths.paths_in(xu, n_paths), **attn), p), keeps[0])
         ys = drop(path_ffn(self.ffn_paths, self.ffn, xu, dims.ffn_width, n_paths, p), p)
@@ -218,6 +267,8 @@ class DecoderLayer(_UnifiedLayer):
       (Unified Transformer eq. 4 with the decoder's cross-attention in parallel, Fig. 1).
     - units: combined as in the encoder. Decoder units get no input noise: swapping or
       reordering target positions would show a unit the tokens it must predict.
+    - ``share_layouts=False``: the Prime layout runs its own ``prime_self_attn``, ``prime_cross_attn`` and
+      ``prime_ffn`` (its causal convolution the values of ``prime_self_attn``); see the encoder layer.
 
     Full decoding and incremental decoding (``cache``) run this same code.
     """
@@ -225,17 +276,19 @@ class DecoderLayer(_UnifiedLayer):
     def __init__(self, model_dim: int, heads: int, max_width: int, max_ffn_width: int, max_branches: int,
                  max_paths: int = 1, more_features: bool = False, layout: str = "sequential",
                  kernel_sizes: tuple[int, ...] = (), max_units: int = 1, unit_bias_rate: float = 0.0,
-                 head_dim: int | None = None) -> None:
+                 head_dim: int | None = None, share_layouts: bool = True) -> None:
         super().__init__(model_dim, heads, max_width, max_ffn_width, max_branches, max_paths, more_features, layout,
                          kernel_sizes, max_units, unit_bias_rate, ("self_attn", "cross_attn"), causal=True,
-                         head_dim=head_dim)
+                         head_dim=head_dim, share_layouts=share_layouts)
 
     def cross_kv(self, memory: torch.Tensor, dims: LayerArch) -> tuple[torch.Tensor, torch.Tensor]:
         """The cross-attention keys and values of ``memory [b, s, C]`` for ``dims``: each ``[G, b, B*h, s, dh]``
-        (G = units x paths), what a :class:`~nas.model.kv_cache.LayerCache` holds in ``cross_attn``."""
+        (G = units x paths), what a :class:`~nas.model.kv_cache.LayerCache` holds in ``cross_attn``; from the
+        cross-attention that ``dims.layout`` runs (:meth:`module`)."""
         groups = dims.units * (dims.paths if dims.layout == "sequential" else 1)
-        w = self.cross_attn.crop(dims.units, groups, dims.branches, dims.width, memory.size(-1), cross=True)
-        return self.cross_attn.memory_kv(memory, w)
+        cross_attn = self.module("cross_attn", dims.layout)
+        w = cross_attn.crop(dims.units, groups, dims.branches, dims.width, memory.size(-1), cross=True)
+        return cross_attn.memory_kv(memory, w)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, dims: LayerArch, src_pad: torch.Tensor | None,
                 reg: Regularization | None = None, cache: LayerCache | None = None) -> torch.Tensor:
@@ -269,8 +322,9 @@ class DecoderLayer(_UnifiedLayer):
         # Incremental decoding calls the sublayers' forward directly: Module.__call__'s hook checks cost
         # about 10 us a call, a tenth of a cached step (benchmarks/bench_decode.py); nothing hooks them. It also
         # keeps the sublayers in its memo: each Module.__getattr__ costs about 1 us, ~30 of them a step.
-        self_attn, cross_attn, self_paths, cross_paths, ffn_paths, ffn = (
-            self._sublayers() if memo is None else memoized(memo, "sublayers", self._sublayers, True))
+        self_attn, cross_attn, self_paths, cross_paths, ffn_paths, ffn = (  # those dims.layout runs
+            self._sublayers(dims.layout) if memo is None
+            else memoized(memo, "sublayers", self._sublayers, dims.layout, True))
         if dims.layout == "prime":
             values: list = []
             total = xu + drop(self_attn(xu, values=values, **self_kw), p)
@@ -278,16 +332,19 @@ class DecoderLayer(_UnifiedLayer):
             if dims.kernels:
                 conv = self.conv if cache is None else self.conv.forward
                 total = total + drop(conv(xu, values[0], dims.kernels, cache=None if cache is None else cache.conv), p)
-            total = self._prime_ffn(total, xu, dims, keeps[-1], p, memo)
+            ffn_call = ffn if memo is None else ffn.forward  # incremental decoding skips Module.__call__
+            total = self._prime_ffn(ffn_call, total, xu, dims, keeps[-1], p, memo)
             return self._combine(self._prime_norm(total, memo), dims, memo)
         xu = self_paths.fuse(xu, drop(self_attn(self_paths.paths_in(xu, n_paths, memo), **self_kw), p), keeps[0])
         xu = cross_paths.fuse(xu, drop(cross_attn(cross_paths.paths_in(xu, n_paths, memo), **cross_kw), p), keeps[1])
         ys = drop(path_ffn(ffn_paths, ffn, xu, dims.ffn_width, n_paths, p, memo), p)
         return self._combine(ffn_paths.fuse(xu, ys, keeps[-1]), dims, memo)
 
-    def _sublayers(self, bare: bool = False) -> tuple:
-        """(self-attention, cross-attention, their path fusions, the FFN's, the FFN); ``bare``: the attentions'
-        ``forward`` (no ``Module.__call__``). A Prime-only layer has no path fusions (None)."""
-        attn = (self.self_attn.forward, self.cross_attn.forward) if bare else (self.self_attn, self.cross_attn)
+    def _sublayers(self, layout: str, bare: bool = False) -> tuple:
+        """(self-attention, cross-attention, their path fusions, the FFN's, the FFN) that ``layout`` runs
+        (:meth:`module`); ``bare``: the attentions' ``forward`` (no ``Module.__call__``). A Prime-only layer has
+        no path fusions (None)."""
+        self_attn, cross_attn = (self.module(name, layout) for name in ("self_attn", "cross_attn"))
+        attn = (self_attn.forward, cross_attn.forward) if bare else (self_attn, cross_attn)
         paths = tuple(getattr(self, f"{name}_paths", None) for name in ("self_attn", "cross_attn", "ffn"))
-        return (*attn, *paths, self.ffn)
+        return (*attn, *paths, self.module("ffn", layout))

@@ -18,7 +18,12 @@ def label_smoothed_nll(logits: torch.Tensor, target: torch.Tensor, epsilon: floa
     Returns:
         (smoothed loss, plain NLL), both summed over tokens (nats), float32 scalars.
     """
-    lprobs = torch.log_softmax(logits.float(), dim=-1)  # [b, t, V]
+    return smoothed_nll_of(torch.log_softmax(logits.float(), dim=-1), target, epsilon, pad_id)
+
+
+def smoothed_nll_of(lprobs: torch.Tensor, target: torch.Tensor, epsilon: float, pad_id: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`label_smoothed_nll` from log-probabilities ``lprobs [b, t, V]`` (float32) already computed."""
     mask = target.ne(pad_id)
     nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [b, t]
     smooth = -lprobs.mean(-1)  # [b, t]

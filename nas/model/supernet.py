@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nas.model.kv_cache import LayerCache
-from nas.model.layers import DecoderLayer, EncoderLayer
+from nas.model.layers import RELATIVE_LAYERS, DecoderLayer, EncoderLayer
 from nas.model.ops import dropout as drop
 from nas.model.ops import sinusoidal_positions
 from nas.model.regularization import Regularization
@@ -61,20 +61,38 @@ class SuperTransformer(nn.Module):
         relative_positions: the clipping distance k of the encoder self-attention's relative position
             representations (Shaw et al. 2018, eq. 3-6), as MUTE's encoders use (sec. 4); 0: none (absolute
             sinusoids only, as models saved before it existed).
+        relative_layers: which encoder layers have those tables (:class:`~nas.model.layers.EncoderLayer`):
+            ``"units"``, only layers with MUTE units (built where the layer's max units > 1, used in calls with
+            ``units > 1``); ``"all"``, every layer in every call (the format before the choice existed, and the
+            default, so that older configs load unchanged; ``nas.builders`` builds new supernets with the
+            sweep's ``supernet.relative_layers``, "units" by default).
+        share_layouts: whether a ``sequential+prime`` layer's two layouts share their attention(s) and FFN
+            (True, the format before the choice existed). False: the Prime layout (Unified Transformer eq. 4)
+            runs its own ``prime_attn``/``prime_ffn`` (decoder: ``prime_self_attn``, ``prime_cross_attn``,
+            ``prime_ffn``), a layer building only what its layouts run, so that :func:`extract` finds a Prime
+            layer's tensors under the same names. Motivation: sharing weights between dissimilar sub-networks
+            hurts how well the supernet ranks them; splitting the supernet into sub-supernets by an operation
+            choice (Few-shot NAS, Zhao et al., ICML 2021) or giving sub-networks their own weights through
+            architecture-routed experts (Mixture-of-Supernets, Jawahar et al., Findings of ACL 2024) raises
+            the rank correlation between supernet and standalone scores. Adapted: here the split is by each
+            layer's layout only, within one supernet (not by separate sub-supernets or learned routing).
 
     Raises:
         ValueError: a width not divisible by ``head_dim`` (or ``heads``); ``embed_dim != model_dim`` without
-            ``io_projection``.
+            ``io_projection``; ``relative_layers`` not ``"units"`` or ``"all"``.
     """
 
     def __init__(self, vocab_size: int, model_dim: int, heads: int, max_arch: Arch, *, dropout: float = 0.1,
                  attention_dropout: float = 0.0, drop_branch: float = 0.0, max_positions: int = 1024,
                  pad_id: int = 0, more_features: bool = False, unit_bias_rate: float = 0.0,
                  io_projection: bool = False, embed_dim: int | None = None, head_dim: int | None = None,
-                 relative_positions: int = 0) -> None:
+                 relative_positions: int = 0, relative_layers: str = "all", share_layouts: bool = True) -> None:
         super().__init__()
+        if relative_layers not in RELATIVE_LAYERS:
+            raise ValueError(f"relative_layers={relative_layers!r}: expected one of {RELATIVE_LAYERS}")
         self.vocab_size, self.model_dim, self.heads, self.max_arch = vocab_size, model_dim, heads, max_arch
-        self.head_dim, self.relative_positions = head_dim, relative_positions
+        self.head_dim, self.relative_positions, self.relative_layers = head_dim, relative_positions, relative_layers
+        self.share_layouts = share_layouts
         self.dropout_rate, self.attention_dropout, self.drop_branch = dropout, attention_dropout, drop_branch
         self.max_positions, self.pad_id, self.more_features = max_positions, pad_id, more_features
         self.unit_bias_rate, self.io_projection = unit_bias_rate, io_projection
@@ -93,17 +111,24 @@ class SuperTransformer(nn.Module):
                 for proj in (self.proj_in, self.proj_out):
                     proj.weight.copy_(torch.eye(*proj.weight.shape))
                     proj.bias.zero_()
-        kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate, head_dim=head_dim)
+        kw = dict(more_features=more_features, unit_bias_rate=unit_bias_rate, head_dim=head_dim,
+                  share_layouts=share_layouts)
         layer = lambda d: dict(max_width=d.width, max_ffn_width=d.ffn_width, max_branches=d.branches,
                                max_paths=d.paths, layout=d.layout, kernel_sizes=d.kernels, max_units=d.units, **kw)
-        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d), relative=relative_positions)
+        self.encoder = nn.ModuleList(EncoderLayer(model_dim, heads, **layer(d), relative=relative_positions,
+                                                  relative_layers=relative_layers)
                                      for d in max_arch.encoder.layer_dims())
         self.decoder = nn.ModuleList(DecoderLayer(model_dim, heads, **layer(d)) for d in max_arch.decoder.layer_dims())
         self.encoder_norm = nn.LayerNorm(model_dim)
         self.decoder_norm = nn.LayerNorm(model_dim)
 
     def config(self) -> dict[str, Any]:
-        """Constructor arguments as JSON-ready dict (``SuperTransformer.from_config`` inverts it)."""
+        """Constructor arguments as JSON-ready dict (``SuperTransformer.from_config`` inverts it).
+
+        A choice added after the first format is written only where it differs from what a config without it
+        means: ``embed_dim``, ``head_dim``, ``relative_positions`` (then always with ``relative_layers``: an
+        older config with relative positions and no ``relative_layers`` means "all") and ``share_layouts``
+        (only when False)."""
         return dict(vocab_size=self.vocab_size, model_dim=self.model_dim, heads=self.heads,
                     max_arch=self.max_arch.to_dict(), dropout=self.dropout_rate,
                     attention_dropout=self.attention_dropout, drop_branch=self.drop_branch,
@@ -111,7 +136,9 @@ class SuperTransformer(nn.Module):
                     unit_bias_rate=self.unit_bias_rate, io_projection=self.io_projection,
                     **({"embed_dim": self.embed_dim} if self.embed_dim != self.model_dim else {}),
                     **({"head_dim": self.head_dim} if self.head_dim is not None else {}),
-                    **({"relative_positions": self.relative_positions} if self.relative_positions else {}))
+                    **({"relative_positions": self.relative_positions, "relative_layers": self.relative_layers}
+                       if self.relative_positions else {}),
+                    **({"share_layouts": False} if not self.share_layouts else {}))
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "SuperTransformer":
@@ -272,7 +299,9 @@ def extract(supernet: SuperTransformer, arch: Arch) -> SuperTransformer:
     Every tensor of the standalone model is the leading (top-left) block of the supernet
     tensor of the same name: the first layers, branches and channels (Scalable
     Transformers sec. 3.1; MAT branches as a prefix). Its outputs equal
-    ``supernet(src, tgt, arch)``.
+    ``supernet(src, tgt, arch)``. Each layer holds only what its layout runs: with
+    ``share_layouts=False`` a Prime layer's ``prime_*`` modules, and under
+    ``relative_layers="units"`` relative position tables only where the layer has units > 1.
 
     Raises:
         ValueError: ``arch`` exceeds the supernet's maxima (names the choice).

@@ -51,6 +51,12 @@ class ModelSizes:
     """Scalable Transformers eq. 3's input/output projections."""
     relative_positions: int = 0
     """Shaw et al.'s clipping distance k of the encoder self-attention (0: none)."""
+    relative_layers: str = "all"
+    """Which encoder layers hold the relative tables: ``"units"``, those with units > 1; ``"all"``, every one
+    (the format before the choice existed: what a config without the key means)."""
+    share_layouts: bool = True
+    """Whether the layouts of a ``sequential+prime`` layer share their attention(s) and FFN (False: counted
+    once per layout; only a supernet's maxima have such layers, an extracted model's have one layout)."""
     more_features: bool = False
     """Multi-Path "more features" in sublayers with 3+ paths."""
     embed_dim: int | None = None
@@ -64,14 +70,19 @@ class ModelSizes:
         :meth:`~nas.space.SearchSpace.supernet_maxima`), without the word embedding (``vocab_size=0``)."""
         sn = spec.supernet
         return cls(model_dim=sn.model_dim, heads=sn.heads, head_dim=sn.head_width, io_projection=spec.io_projection,
-                   relative_positions=relative_positions(spec, maxima), more_features=sn.more_features)
+                   relative_positions=relative_positions(spec, maxima), relative_layers=sn.relative_layers,
+                   share_layouts=sn.share_layouts, more_features=sn.more_features)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], with_embedding: bool = False) -> "ModelSizes":
-        """The sizes of a model's ``SuperTransformer.config()``; ``with_embedding``: count its word embedding."""
+        """The sizes of a model's ``SuperTransformer.config()``; ``with_embedding``: count its word embedding.
+        A key the config lacks means what it meant before it existed (``relative_layers`` "all",
+        ``share_layouts`` True)."""
         return cls(model_dim=config["model_dim"], heads=config["heads"], head_dim=config.get("head_dim"),
                    io_projection=bool(config.get("io_projection", False)),
                    relative_positions=config.get("relative_positions", 0),
+                   relative_layers=config.get("relative_layers", "all"),
+                   share_layouts=bool(config.get("share_layouts", True)),
                    more_features=bool(config.get("more_features", False)), embed_dim=config.get("embed_dim"),
                    vocab_size=config["vocab_size"] if with_embedding else 0)
 
@@ -84,8 +95,10 @@ def arch_params(arch: Arch, sizes: ModelSizes) -> int:
     ``U P B (4 D C + 3 D + C)`` (MAT eq. 4), the FFN ``U P (2 F C + F + C)``; a sequential layer's path
     fusions (Multi-Path eq. 5-7: per-path LN, PathNorm and weights), a Prime layer's per-unit LN and
     dynamic convolution (Unified Transformer eq. 4-7), MUTE's unit weights, AutoShuffle matrix and mask
-    embedding, and the encoder's relative position tables (Shaw et al. eq. 5-6); then the final layer norms
-    and the eq. 3 projections (Scalable Transformers).
+    embedding, and the encoder's relative position tables (Shaw et al. eq. 5-6; under ``relative_layers="units"``
+    only in layers with U > 1); then the final layer norms and the eq. 3 projections (Scalable Transformers).
+    A layer of both layouts (``sequential+prime``: a supernet's maxima, ``count_params(supernet)``) counts
+    both layouts' parts, and its attention(s) and FFN once per layout without ``share_layouts``.
     """
     c = arch.model_width or sizes.model_dim
     e = sizes.embed_dim or sizes.model_dim
@@ -100,14 +113,17 @@ def arch_params(arch: Arch, sizes: ModelSizes) -> int:
 def _layer(d: LayerArch, c: int, sizes: ModelSizes, attentions: int) -> int:
     """One layer (``nas.model.layers``) of ``attentions`` attention sublayers (encoder 1, decoder 2) on C channels."""
     u, p, b, w, f = d.units, d.paths, d.branches, d.width, d.ffn_width
+    layouts = d.layout.split("+")
     total = attentions * u * p * b * (3 * w * c + 3 * w + c * w + c)  # w_in, b_in, w_out, b_out
-    if attentions == 1 and sizes.relative_positions:  # the encoder's self-attention: rel_k, rel_v [U, 2k+1, d_h]
-        head = sizes.head_dim or w // sizes.heads
+    if attentions == 1 and sizes.relative_positions and (sizes.relative_layers == "all" or u > 1):
+        head = sizes.head_dim or w // sizes.heads  # the encoder's self-attention: rel_k, rel_v [U, 2k+1, d_h]
         total += 2 * u * (2 * sizes.relative_positions + 1) * head
     total += u * p * (2 * f * c + f + c)  # FFN w1, b1, w2, b2
-    if d.layout == "sequential":
+    if not sizes.share_layouts:  # each layout its own attention(s) and FFN
+        total *= len(layouts)
+    if "sequential" in layouts:
         total += (attentions + 1) * _path_fusion(u, p, c, sizes.more_features)
-    else:  # prime: per-unit LN, then the dynamic convolution when it has kernels
+    if "prime" in layouts:  # per-unit LN, then the dynamic convolution when it has kernels
         total += 2 * u * c
         if d.kernels:
             total += sum(u * k * c + u * k + u for k in d.kernels)  # kernel generators and gates

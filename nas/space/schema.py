@@ -92,6 +92,19 @@ class SupernetSpec(_Strict):
     (Shaw et al. 2018, eq. 3-6); 0: none. Default: 16 when the supernet has MUTE units (MUTE sec. 4 runs its
     units on relative positions: swap and disorder biases do nothing to a unit that sees positions only at its
     input), else 0."""
+    relative_layers: Literal["units", "all"] = "units"
+    """Which encoder layers have the relative position tables (when ``relative_positions`` > 0): ``units``, only
+    layers with MUTE units (a layer's tables are built when its most units > 1 and used by sub-Transformers
+    running it with units > 1; one unit runs on absolute positions only); ``all``, every layer whatever its
+    units: the format before this choice existed (what older supernets and exports hold; keep it to compare
+    with models trained that way)."""
+    share_layouts: bool = True
+    """Whether a layer's ``sequential`` and ``prime`` layouts share their attention(s) and FFN (the format before
+    this choice existed). false: the Prime layout of each layer gets its own (``prime_*``, its convolution on
+    its own attention's values), so a Prime and a sequential sub-Transformer share no weight in that layer:
+    sharing less between dissimilar sub-networks improves the supernet's rank correlation (Few-shot NAS, Zhao
+    et al., ICML 2021; Mixture-of-Supernets, Jawahar et al., Findings of ACL 2024). Costs the attention(s)
+    and FFN again in every ``sequential+prime`` layer."""
     dropout: float = Field(0.1, ge=0.0, lt=1.0)
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     max_positions: int = Field(256, ge=16)
@@ -244,6 +257,27 @@ class TrainSpec(_Strict):
     warmup_steps: int = Field(400, ge=1)
     sandwich_k: int = Field(1, ge=0)
     """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
+    inplace_distill: bool = False
+    """In-place distillation in the ``joint`` stage from its first step (BigNAS sec. 3.1; OFA): every
+    sub-Transformer of a step but the widest learns from ``distill_lambda * ground truth + (1 - distill_lambda)
+    * the widest's word distribution`` (Scalable Transformers' L_2 form), the teacher being the widest of the
+    step's layout, its logits of the same forward pass reused (detached: no extra forward). Off: eq. 4."""
+    distill_lambda: float = Field(0.5, ge=0.0, le=1.0)
+    """With ``inplace_distill``: the weight of the ground truth for the students (BigNAS: 0, the teacher's
+    distribution alone)."""
+    dropout_range: tuple[float, float] | None = None
+    """``[min, max]``: each sub-Transformer's dropout (and drop-branch) grows with its size (Scalable
+    Transformers sec. 4.1: 0 for the narrowest up to 0.3 for the widest). Its share is ``(params - params of the
+    narrowest) / (params of the widest - params of the narrowest)`` over the space, its dropout
+    ``min + share * (max - min)`` and its drop-branch rate ``drop_branch * dropout / max``. Keyed by parameters,
+    not by a model width, so it acts in type-2 spaces (per-layer widths), where ``width_dropout`` cannot. Default:
+    ``supernet.dropout`` for all. Not with ``width_dropout``. Supernet stages only: standalone training keeps
+    ``supernet.dropout``."""
+    balanced_sampling: bool = False
+    """Draw the sandwich's random members so that every (layer, dimension, value) is trained about equally
+    often, the widest and the narrowest counted: each choice takes its least-trained value so far (ties at
+    random). Off: uniform draws, under which values never at the ends (e.g. a kernel set between the
+    narrowest's and the widest's) train only through the random members."""
     drop_branch: float | None = Field(None, ge=0.0, lt=1.0)
     """MAT drop-branch rate rho (eq. 5-7), training only; on the branches and the FFN. Default: 0.1 in a
     space with branches (``SweepSpec.drop_branch``), else 0: without branches there is nothing to drop."""
@@ -300,6 +334,19 @@ class TrainSpec(_Strict):
             if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
                 raise ValueError(f"width {width} has rate {rate!r}; dropout rates are numbers in [0, 1)")
         return rates
+
+    @model_validator(mode="after")
+    def _check_dropout_range(self) -> "TrainSpec":
+        if self.dropout_range is None:
+            return self
+        low, high = self.dropout_range
+        if not 0.0 <= low <= high < 1.0:
+            raise ValueError(f"train.dropout_range={list(self.dropout_range)}: give [min, max] with "
+                             f"0 <= min <= max < 1, e.g. [0.0, 0.3]")
+        if self.width_dropout is not None:
+            raise ValueError("train.dropout_range and train.width_dropout both set a sub-Transformer's dropout; "
+                             "keep one (dropout_range acts in every space, width_dropout only on model widths)")
+        return self
 
     @model_validator(mode="after")
     def _check_stages(self) -> "TrainSpec":

@@ -291,6 +291,56 @@ class SearchSpace:
         """A uniformly random sub-Transformer (each active choice independent)."""
         return self._uniform(lambda _name, values: rng.choice(values))
 
+    def sample_balanced(self, rng: random.Random, counts: dict[str, dict[str, int]], candidates: int = 32) -> Arch:
+        """A sub-Transformer that trains the least-trained values of ``counts``, then counted there (:meth:`count`):
+        over many draws each (layer, dimension, value) appears about equally often.
+
+        Candidates: one arch whose every choice takes its least-counted value (ties: ``rng``), and
+        ``candidates - 1`` uniform draws; the one with the largest deficit wins, the deficit of an arch being the
+        sum over its choices of ``(the most-counted value's count - its value's count)``. The uniform draws let a
+        choice that opens conditional ones (``units: 2`` opens ``unit_dependency``, ``layout: prime`` the kernels,
+        a depth the layers beyond it) win when those are behind, which the choice-by-choice candidate cannot see.
+
+        ``counts`` maps an Optuna parameter name (``encoder.width.2``) to ``{str(label): times}``; a choice is
+        counted only where it exists (its layer is within the depth, its ``when`` holds), so the balance of a
+        conditional choice is over the draws where it is made. Pure Python, no tensors.
+        """
+        def choose(name: str, values: tuple) -> Any:
+            seen = counts.get(name, {})
+            least = min(seen.get(str(_label(v)), 0) for v in values)
+            return rng.choice([v for v in values if seen.get(str(_label(v)), 0) == least])
+
+        def deficit(arch: Arch) -> int:
+            total = 0
+            for name, label in self.params_of(arch).items():
+                seen = counts.get(name, {})
+                total += max(seen.values(), default=0) - seen.get(str(label), 0)
+            return total
+
+        pool = [self._uniform(choose)] + [self.sample(rng) for _ in range(candidates - 1)]
+        arch = max(pool, key=deficit)  # the first of equals: the choice-by-choice candidate
+        self.count(arch, counts)
+        return arch
+
+    def count(self, arch: Arch, counts: dict[str, dict[str, int]]) -> None:
+        """Add one to ``counts[name][str(label)]`` for every choice ``arch`` makes (:meth:`params_of`; choices
+        with one value are not counted). Raises ValueError as :meth:`params_of`."""
+        for name, label in self.params_of(arch).items():
+            seen = counts.setdefault(name, {})
+            seen[str(label)] = seen.get(str(label), 0) + 1
+
+    def count_spread(self, counts: dict[str, dict[str, int]]) -> dict[str, float]:
+        """Per counted choice, ``max / min - 1`` of its values' counts (a value never drawn counts 0: ``inf``);
+        0 is perfect balance, 0.2 a spread of 20%. A choice of ``counts`` this space does not have raises KeyError."""
+        spread = {}
+        for name, seen in counts.items():
+            labels = [str(v) for v in self._labels(name)]
+            if not labels:
+                raise KeyError(f"{name!r} is not a choice of this space")
+            times = [seen.get(v, 0) for v in labels]
+            spread[name] = float("inf") if min(times) == 0 else max(times) / min(times) - 1.0
+        return spread
+
     def suggest(self, trial: "optuna.Trial") -> Arch:
         """Define-by-run: ask Optuna for each choice; per-layer choices exist only for the chosen
         depth, conditional ones only where their condition holds."""

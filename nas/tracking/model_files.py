@@ -27,6 +27,8 @@ SUPERNET_ARTIFACTS = "supernet"
 """The artifact folder of a supernet run that holds the files below."""
 SUPERNET_FILES = ("supernet.safetensors", "supernet.json")
 DATA_FILES = ("spm.model", "valid.parquet")
+SUPERNET_EXTRAS = ("sample_counts.json",)
+"""Files of the supernet's folder logged when present: how often each (layer, dimension, value) trained."""
 
 
 def log_supernet_files(run_id: str, supernet_dir: str | Path, data_dir: str | Path) -> list[str]:
@@ -44,6 +46,7 @@ def log_supernet_files(run_id: str, supernet_dir: str | Path, data_dir: str | Pa
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"the trained supernet is missing: {', '.join(missing)}")
+    files += [Path(supernet_dir) / name for name in SUPERNET_EXTRAS if (Path(supernet_dir) / name).is_file()]
     files += [Path(data_dir) / name for name in DATA_FILES if (Path(data_dir) / name).is_file()]
     uploaded = []
     for path in files:

@@ -30,9 +30,11 @@ def test_export_reads_the_supernet_through_the_mlflow_server_when_the_sweep_fold
     env = nas_env(tmp_path, MLFLOW_TRACKING_URI=server.uri)
     sweep = run_nas(["sweep", str(spec_file)], env, cwd=cluster)
     assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
-    assert "logged supernet.safetensors, supernet.json, spm.model, valid.parquet to MLflow run" in " ".join(sweep.stderr.split())
+    assert ("logged supernet.safetensors, supernet.json, sample_counts.json, spm.model, valid.parquet to MLflow run"
+            in " ".join(sweep.stderr.split()))
     stored = {p.name for p in server.artifacts.rglob("*") if p.is_file()}
-    assert {"supernet.safetensors", "supernet.json", "spm.model", "valid.parquet"} <= stored  # on the server
+    # on the server; sample_counts.json: how often each (layer, dimension, value) trained (issue 27)
+    assert {"supernet.safetensors", "supernet.json", "sample_counts.json", "spm.model", "valid.parquet"} <= stored
     again = run_nas(["sweep", str(spec_file)], env, cwd=cluster)  # a rerun uploads nothing twice
     assert again.returncode == 0 and "logged supernet" not in again.stderr
 

@@ -74,7 +74,7 @@ def test_a_swapped_unit_is_not_a_row_permutation_of_the_unbiased_unit(tmp_path):
     torch.manual_seed(0)
     model = build_supernet(spec, 50).eval()
     layer = model.encoder[0]
-    dims = LayerArch(32, 64, 1, 1, "sequential", (), 1)
+    dims = LayerArch(32, 64, 1, 1, "sequential", (), 2)  # relative_layers "units": relative positions with units
     x = torch.randn(1, 6, 32)
     perm = torch.tensor([0, 2, 1, 3, 4, 5])  # swap positions 1 and 2
     with torch.no_grad():

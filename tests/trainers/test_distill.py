@@ -283,9 +283,9 @@ def test_word_distill_teaches_with_the_widest_logits_of_the_same_step(prepared, 
             lambda m, inputs, out: forwards.append((inputs[2], out.detach().clone())) if m.training else None)
         return model
 
-    def spying_loss(logits, teacher_logits, *args):
-        teachers.append((teacher_logits.clone(), teacher_logits.requires_grad))
-        return word_distill_loss(logits, teacher_logits, *args)
+    def spying_loss(logits, teacher_logits, *args, **kwargs):
+        teachers.append((teacher_logits.clone(), teacher_logits.requires_grad, kwargs.get("probs", False)))
+        return word_distill_loss(logits, teacher_logits, *args, **kwargs)
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
     monkeypatch.setattr(trainers.stages.sandwich, "word_distill_loss", spying_loss)
@@ -295,5 +295,6 @@ def test_word_distill_teaches_with_the_widest_logits_of_the_same_step(prepared, 
     for step in range(2):
         arch, widest_logits = forwards[3 * step]
         assert arch == widest
-        for teacher, requires_grad in teachers[2 * step:2 * step + 2]:
-            assert torch.equal(teacher, widest_logits) and not requires_grad
+        for teacher, requires_grad, probs in teachers[2 * step:2 * step + 2]:  # the widest's softmax, computed once
+            expected = torch.softmax(widest_logits.float(), -1) if probs else widest_logits
+            assert torch.equal(teacher, expected) and not requires_grad

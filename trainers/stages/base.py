@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol
 
 import random
@@ -33,6 +33,10 @@ class SandwichArchs:
     it (about 1/6 of the forward passes with ``sandwich_k: 1`` in ``unified.yaml``), against every pass
     for the sequential weights. The sandwich rule (Yu & Huang 2019, sec. 3.2) trains the largest and the
     smallest sub-network every step; here every layout gets its own largest and smallest.
+
+    Every draw is counted per (layer, dimension, value) in ``counts`` (the ends included); with ``balanced``
+    the random members take each choice's least-counted value (:meth:`SearchSpace.sample_balanced`), so that
+    values never at the ends train as often as the others. ``counts`` is the loop's checkpointed state.
     """
 
     space: SearchSpace
@@ -40,16 +44,44 @@ class SandwichArchs:
     """The loop's sampler RNG (checkpointed by the loop: a resumed run draws the same archs)."""
     k: int
     """Randomly sampled sub-Transformers per step (``train.sandwich_k``)."""
+    balanced: bool = False
+    """``train.balanced_sampling``: the random members balance the counts; False: uniform draws."""
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Optuna parameter name -> {value label: times drawn}, over every arch :meth:`draw` returned."""
 
     def __post_init__(self) -> None:
         self.ends = [(self.space.widest(layout), self.space.narrowest(layout)) for layout in self.space.layouts]
         self.widest, self.narrowest = self.ends[0]
+        self._params: dict[Arch, int] = {}
+        sizes = [self._size(a) for pair in self.ends for a in pair]
+        self._lowest, self._highest = min(sizes), max(sizes)
 
     def draw(self, step: int = 0) -> list[Arch]:
         """``[widest, narrowest, k random]`` of optimizer step ``step`` (0-based): the ends in layout
-        ``layouts[step % len(layouts)]`` (every layer), then ``k`` draws from ``rng``."""
+        ``layouts[step % len(layouts)]`` (every layer), then ``k`` draws from ``rng`` (uniform, or balanced);
+        all of them counted in :attr:`counts`."""
         widest, narrowest = self.ends[step % len(self.ends)]
-        return [widest, narrowest] + [self.space.sample(self.rng) for _ in range(self.k)]
+        for arch in (widest, narrowest):
+            self.space.count(arch, self.counts)
+        if self.balanced:
+            return [widest, narrowest] + [self.space.sample_balanced(self.rng, self.counts) for _ in range(self.k)]
+        drawn = [self.space.sample(self.rng) for _ in range(self.k)]
+        for arch in drawn:
+            self.space.count(arch, self.counts)
+        return [widest, narrowest] + drawn
+
+    def share(self, arch: Arch) -> float:
+        """``(params - params of the narrowest) / (params of the widest - params of the narrowest)`` in [0, 1],
+        the ends taken over every layout (parameters of :meth:`SearchSpace.params`, without the word embedding:
+        a constant every arch has, so including it changes no share); 1 when all ends have the same size."""
+        if self._highest == self._lowest:
+            return 1.0
+        return min(max((self._size(arch) - self._lowest) / (self._highest - self._lowest), 0.0), 1.0)
+
+    def _size(self, arch: Arch) -> int:
+        if arch not in self._params:
+            self._params[arch] = self.space.params(arch) if self.space.sizes is not None else 0
+        return self._params[arch]
 
 
 @dataclass(frozen=True)
@@ -64,6 +96,17 @@ class StageContext:
     """The training precision's autocast context (re-entered for every forward)."""
     penalty: bool = True
     """Add MUTE's eq. 20 AutoShuffle penalty (only data-parallel rank 0 does, once per step)."""
+
+    @property
+    def rates(self) -> "Callable[[Arch], float] | None":
+        """Arch -> its ``train.dropout_range`` dropout, ``min + share * (max - min)`` with the arch's
+        :meth:`SandwichArchs.share` of parameters; None without a range. Scalable Transformers sec. 4.1 scales
+        dropout with the model width (0 for the narrowest up to 0.3); type-2 spaces choose widths per layer,
+        so the share of parameters stands in for the width."""
+        if self.spec.train.dropout_range is None:
+            return None
+        low, high = self.spec.train.dropout_range
+        return lambda arch: low + self.archs.share(arch) * (high - low)
 
 
 @dataclass(frozen=True)

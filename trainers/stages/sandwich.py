@@ -4,7 +4,7 @@ slimmable networks, Yu & Huang 2019, "Universally Slimmable Networks", sec. 3.2)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 
 import torch
@@ -14,7 +14,7 @@ from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space import SweepSpec
-from trainers.distill import word_distill_loss
+from trainers.distill import teacher_probs, word_distill_loss
 from trainers.regularization import step_regularization
 from trainers.stages.base import SandwichArchs, StepOutput
 
@@ -23,7 +23,7 @@ __all__ = ["SandwichArchs", "sandwich_step"]
 
 def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequence[Arch], lam: float | None,
                   spec: SweepSpec, autocast: AbstractContextManager, ntokens: int, *, step: int = 0,
-                  penalty: bool = True) -> StepOutput:
+                  penalty: bool = True, rates: Callable[[Arch], float | None] | None = None) -> StepOutput:
     """Forward and backward of ``archs`` on each of ``batches`` (``archs[0]`` the widest, ``archs[1]`` the
     narrowest, then the sampled ones; or one arch alone); gradients accumulate in ``model``, the caller steps.
 
@@ -34,7 +34,9 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of the whole
     step (all accumulated batches, all data-parallel ranks), so the gradient is the step's per-token mean.
     Each forward pass runs under :func:`~trainers.regularization.step_regularization` of ``step`` (0-based
-    optimizer step) and its arch. ``penalty``: add MUTE's eq. 20 term (once per step: on the first batch).
+    optimizer step) and its arch, with ``rates(arch)`` as its dropout when given (``train.dropout_range``,
+    :attr:`~trainers.stages.StageContext.rates`). ``penalty``: add MUTE's eq. 20 term (once per step:
+    on the first batch).
     The losses returned are 0-dim float64 tensors on the model's device (read them with ``float``): nothing
     here waits for the device.
 
@@ -43,21 +45,22 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     """
     tr = spec.train
     out: dict[str, float | torch.Tensor] = dict.fromkeys(("widest", "nll", "narrowest", "sampled", "distill"), 0.0)
+    regs = [step_regularization(model, spec, step, arch, None if rates is None else rates(arch)) for arch in archs]
     for b, batch in enumerate(batches):
         teacher = None
-        for i, arch in enumerate(archs):
-            reg = step_regularization(model, spec, step, arch)
+        for i, (arch, reg) in enumerate(zip(archs, regs)):
             with autocast:
                 logits = model(batch.src, batch.tgt_in, arch, reg=reg)  # [b, t, V]
             if i == 0 or lam is None:
                 loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
                 objective = loss / ntokens
             else:
-                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing)
+                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing,
+                                                          probs=True)
                 objective = objective / ntokens
                 out["distill"] += _per_token(soft, ntokens)
             if i == 0:
-                teacher = logits.detach() if lam is not None else None
+                teacher = teacher_probs(logits) if lam is not None else None  # one softmax for all students
                 out["nll"] += _per_token(nll, ntokens)
                 if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
                     objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()

@@ -34,4 +34,4 @@ class SequenceDistillation:
                              f"got {step.position}")
         c = self.context
         return sandwich_step(model, batches, c.archs.draw(step.step), stage.lambda_3, c.spec, c.autocast, step.ntokens,
-                             step=step.step, penalty=c.penalty)
+                             step=step.step, penalty=c.penalty, rates=c.rates)

@@ -33,4 +33,4 @@ class WordDistillation:
                              f"got {step.position}")
         c = self.context
         return sandwich_step(model, batches, c.archs.draw(step.step), lam, c.spec, c.autocast, step.ntokens,
-                             step=step.step, penalty=c.penalty)
+                             step=step.step, penalty=c.penalty, rates=c.rates)
