@@ -8,19 +8,16 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 import torch
 
-from nas.builders import build_supernet
 from nas.model.supernet import count_params, extract
 from nas.space import SpecError, parse_spec
 from nas.space.space import SearchSpace
 from tests.conftest import tiny_spec_dict
-from tests.trainers.test_stages import SEED, VOCAB, Built, Forwards, _batch, _raw, _reference
-from trainers.stages import SandwichArchs, StageContext, build_stage
+from tests.trainers.test_stages import SEED, Built, Forwards, _batch, _raw, _reference, two_layouts
+from trainers.stages import SandwichArchs
 from trainers.distill import stage_at
 from trainers.stages.base import StepInfo
 
@@ -58,15 +55,8 @@ def test_without_inplace_distillation_the_joint_stage_is_eq4():
 
 
 def test_the_teacher_is_the_widest_of_the_steps_layout():
-    raw = _raw(stages=[{"name": "joint", "steps": 4}], sandwich_k=0, inplace_distill=True, drop_branch=0.0)
-    raw["supernet"] = {**raw["supernet"], "kernels": [3], "dropout": 0.0}
-    raw["space"] = {**raw["space"], "layout": {"values": ["sequential", "prime"], "per_layer": True},
-                    "kernels": {"values": [[], [3]], "per_layer": True, "when": {"layout": "prime"}}}
-    spec = parse_spec(raw)
-    space = SearchSpace.from_spec(spec)
-    torch.manual_seed(0)
-    model = build_supernet(spec, VOCAB).train()
-    stage = build_stage("joint", StageContext(spec, SandwichArchs(space, random.Random(SEED), 0), nullcontext()))
+    spec, space, model, stage = two_layouts("joint", {"dropout": 0.0}, stages=[{"name": "joint", "steps": 4}],
+                                            sandwich_k=0, inplace_distill=True, drop_branch=0.0)
     batch = _batch(1)
     for step, layout in enumerate(["sequential", "prime"]):
         model.zero_grad(set_to_none=True)

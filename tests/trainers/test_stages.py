@@ -286,19 +286,26 @@ def test_sandwich_k_0_trains_only_the_two_ends():
     assert out.sampled == 0.0
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_the_sandwich_ends_take_every_layout_in_turn(name):
-    """Issue 14 part 1.4: with sequential and Prime layers in the space, a Prime layer must be at the ends of
-    the sandwich as often as a sequential one (not only when a random draw picks it)."""
-    raw = _raw(stages=[CASES[name][0]], sandwich_k=0)
-    raw["supernet"] = {**raw["supernet"], "kernels": [3]}
+def two_layouts(name: str, supernet: dict | None = None, **train):
+    """(spec, space, supernet, stage ``name``) of a space whose layers choose sequential or Prime (kernel 3)."""
+    raw = _raw(**train)
+    raw["supernet"] = {**raw["supernet"], "kernels": [3], **(supernet or {})}
     raw["space"] = {**raw["space"], "layout": {"values": ["sequential", "prime"], "per_layer": True},
                     "kernels": {"values": [[], [3]], "per_layer": True, "when": {"layout": "prime"}}}
     spec = parse_spec(raw)
     space = SearchSpace.from_spec(spec)
     torch.manual_seed(0)
     model = build_supernet(spec, VOCAB).train()
-    stage = build_stage(name, StageContext(spec, SandwichArchs(space, random.Random(SEED), 0), nullcontext()))
+    k = spec.train.sandwich_k
+    return spec, space, model, build_stage(name, StageContext(spec, SandwichArchs(space, random.Random(SEED), k),
+                                                              nullcontext()))
+
+
+@pytest.mark.parametrize("name", sorted(STAGES))
+def test_the_sandwich_ends_take_every_layout_in_turn(name):
+    """Issue 14 part 1.4: with sequential and Prime layers in the space, a Prime layer must be at the ends of
+    the sandwich as often as a sequential one (not only when a random draw picks it)."""
+    spec, space, model, stage = two_layouts(name, stages=[CASES[name][0]], sandwich_k=0)
     forwards = Forwards(model)
     batch = _batch(1)
     seen = []
