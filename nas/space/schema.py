@@ -275,8 +275,8 @@ class TrainSpec(_Strict):
     ``supernet.dropout``."""
     balanced_sampling: bool = False
     """Draw the sandwich's random members so that every (layer, dimension, value) is trained about equally
-    often, the widest and the narrowest counted: each choice takes its least-trained value so far (ties at
-    random). Off: uniform draws, under which values never at the ends (e.g. a kernel set between the
+    often, the widest and the narrowest counted: of 32 candidates (one taking each choice's least-trained value,
+    31 uniform) the one with the most under-trained values is kept (:meth:`SearchSpace.sample_balanced`). Off: uniform draws, under which values never at the ends (e.g. a kernel set between the
     narrowest's and the widest's) train only through the random members."""
     drop_branch: float | None = Field(None, ge=0.0, lt=1.0)
     """MAT drop-branch rate rho (eq. 5-7), training only; on the branches and the FFN. Default: 0.1 in a

@@ -35,8 +35,8 @@ class SandwichArchs:
     smallest sub-network every step; here every layout gets its own largest and smallest.
 
     Every draw is counted per (layer, dimension, value) in ``counts`` (the ends included); with ``balanced``
-    the random members take each choice's least-counted value (:meth:`SearchSpace.sample_balanced`), so that
-    values never at the ends train as often as the others. ``counts`` is the loop's checkpointed state.
+    the random members favour the least-counted values (:meth:`SearchSpace.sample_balanced`), so that values
+    never at the ends train about as often as the others. ``counts`` is the loop's checkpointed state.
     """
 
     space: SearchSpace
