@@ -8,6 +8,7 @@ Optuna through Ray Tune, tracked in MLflow. The public API (lazily loaded, PEP 5
     spec = nas.load_spec("search_spaces/quickstart.yaml")
     nas.sweep("search_spaces/quickstart.yaml")
     nas.train(spec)
+    nas.retrain(spec, best=True)                 # the best trial, trained alone with the retrain: recipe
     nas.translate("exported/", ["A man is riding a bike ."])
 
 The packages, bottom layer first (each imports only from the layers before it; the test
@@ -33,12 +34,12 @@ from typing import TYPE_CHECKING
 from nas.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from nas.api import load_export, load_spec, sweep, train, translate
+    from nas.api import load_export, load_spec, retrain, sweep, train, translate
     from nas.errors import NasError
 
-__all__ = ["load_spec", "sweep", "train", "load_export", "translate", "NasError"]
+__all__ = ["load_spec", "sweep", "train", "retrain", "load_export", "translate", "NasError"]
 
-_HOMES = {"load_spec": "api", "sweep": "api", "train": "api", "load_export": "api", "translate": "api",
+_HOMES = {"load_spec": "api", "sweep": "api", "train": "api", "retrain": "api", "load_export": "api", "translate": "api",
           "NasError": "errors"}
 
 __getattr__, __dir__ = lazy_exports(globals(), _HOMES)

@@ -5,6 +5,7 @@
     spec = nas.load_spec("search_spaces/quickstart.yaml")
     result = nas.sweep("search_spaces/quickstart.yaml")        # = nas sweep FILE
     trained = nas.train("search_spaces/quickstart.yaml")        # = nas train FILE
+    done = nas.retrain("search_spaces/quickstart.yaml", arch="enc[128/256 128/256] dec[128/256 128/256]")
     model = nas.load_export("exported/")                        # a folder written by `nas export`
     nas.translate("exported/", ["A man is riding a bike ."])   # -> ["Ein Mann ..."]
 
@@ -20,11 +21,12 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nas.export import Exported
+    from nas.retraining import RetrainResult
     from nas.search import SweepResult
     from nas.space import SweepSpec
     from trainers import TrainResult
 
-__all__ = ["load_spec", "sweep", "train", "load_export", "translate"]
+__all__ = ["load_spec", "sweep", "train", "retrain", "load_export", "translate"]
 
 
 def load_spec(path: str | Path, *, check_files: bool = True) -> "SweepSpec":
@@ -108,6 +110,33 @@ def _train_locked(spec: "SweepSpec", target: Path, progress: bool | None) -> "Tr
     tracking.log_supernet_files(run, target, data.root)  # so `nas export` works from any machine (MLflow)
     tracking.end_run(run)
     return result
+
+
+def retrain(spec: "str | Path | SweepSpec", *, run_id: str | None = None, best: bool = False,
+            arch: str | None = None, out_dir: str | Path | None = None, experiment: str | None = None,
+            metric: str = "bleu", where: Sequence[str] = (), progress: bool | None = None) -> "RetrainResult":
+    """Train one sub-Transformer alone with the YAML's ``retrain:`` recipe, resumably, tracked as an MLflow run with
+    tag ``nas.role=retrain`` (``nas retrain``; :func:`nas.retraining.retrain`).
+
+    Args:
+        spec: the sweep YAML or its loaded spec.
+        run_id: a FINISHED trial run (a unique prefix of its id is enough); or ``best``: the best trial by
+            ``metric`` meeting its sweep's constraints (and ``where``) in ``experiment`` (default the YAML's); or
+            ``arch``: a hand-designed arch (summary string, JSON or an ``arch.json`` path). Exactly one.
+        out_dir: default ``<workdir>/<name>/retrain/<arch_id>-<init>-seed<seed>``.
+        progress: a progress bar (default: when stderr is a terminal).
+
+    Raises:
+        NasError: bad input (names it; nothing is written). RunLockedError: another process writes the folder.
+    """
+    from nas.retraining import retrain as _retrain
+
+    if isinstance(spec, (str, Path)):
+        from nas.space import load_spec as _load
+
+        spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
+    return _retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
+                    metric=metric, where=tuple(where), progress=progress)
 
 
 def load_export(directory: str | Path) -> "Exported":

@@ -190,6 +190,39 @@ def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet,
 
 
 @app.command()
+def retrain(file: Path = typer.Argument(..., help="Sweep YAML; its retrain section is the recipe."),
+            run_id: Optional[str] = typer.Option(None, "--run-id", help="Retrain the arch of this trial run (a unique "
+                                                 "prefix of its id is enough)."),
+            best: bool = typer.Option(False, "--best", help="Retrain the best trial meeting its sweep's constraints."),
+            arch: Optional[str] = typer.Option(None, "--arch", help="Retrain this arch: a summary string "
+                                               "('enc[128/256 128/256] dec[128/256 128/256]'), JSON or an arch.json."),
+            out_dir: Optional[Path] = typer.Option(None, "--out", help="Retrain folder (default: "
+                                                   "<workdir>/<name>/retrain/<arch_id>-<init>-seed<seed>)."),
+            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
+            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the YAML's)."),
+            where: Optional[list[str]] = typer.Option(None, "--where", help="With --best: only trials meeting METRIC "
+                                                      "OP NUMBER (repeatable)."),
+            overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
+    """Train one sub-Transformer alone with the YAML's retrain recipe (resumable), tracked as an MLflow run with
+    tag nas.role=retrain; export it with nas export --run-id."""
+    spec = _load(file, check_predictor=False, overrides=overrides)
+    from nas.retraining import retrain as run_retrain
+
+    try:
+        result = run_retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
+                             metric=metric, where=where or ())
+    except NasError as e:
+        _fail(str(e))
+    m = result.metrics
+    out.print(f"retrained {escape(result.arch.summary())} ({result.recipe['init']}, seed {result.recipe['seed']}, "
+              f"{result.recipe['steps']} steps): BLEU {m['bleu']:.2f}, chrF {m['chrf']:.2f}, latency "
+              f"{m['latency_ms']:.1f} ms ({m['latency_ratio']:.2f}x the reference), {m['params_m']:.2f} M params",
+              highlight=False, soft_wrap=True)
+    out.print(f"weights in {escape(str(result.out_dir))}; MLflow run {result.run_id}; export with "
+              f"nas export --run-id {result.run_id[:8]} --out DIR", highlight=False, soft_wrap=True)
+
+
+@app.command()
 def average(supernet_dir: Path = typer.Argument(..., help="Supernet folder written by `nas train` (holds snapshots/)."),
             last: int = typer.Option(..., "--last", min=1, help="Average the newest N snapshots."),
             out_dir: Path = typer.Option(..., "--out", help="New folder for the averaged supernet (must not hold files).")) -> None:
@@ -261,6 +294,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         else:
             rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                         where=where or (), page_size=page_size, include_infeasible=include_infeasible)
+        rows = tracking.with_retrained(experiment, rows)  # retrained scores beside the inherited ones
     except NasError as e:
         _fail(str(e))
     if scan is not None and plot_file is not None:
@@ -365,7 +399,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                                                             "earlier export (never the current folder, its "
                                                             "ancestors or the home folder)."),
            best: bool = typer.Option(False, "--best", help="Export the best trial of the experiment."),
-           run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run."),
+           run_id: Optional[str] = typer.Option(None, "--run-id", help="Export this trial run, or a retrain run (nas retrain); a unique prefix of its id is enough."),
            metric: str = typer.Option("bleu", help="Metric that --best ranks by."),
            experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the latest sweep's)."),
            where: Optional[list[str]] = typer.Option(None, "--where", help="With --best: only trials meeting METRIC OP "
@@ -416,32 +450,43 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
             chosen = tracking.best_trial(experiment, metric=metric, where=where or (),
                                          include_infeasible=include_infeasible)
             run_id = chosen.run_id
-        run = client.get_run(run_id)
+        run = tracking.resolve_run_id(run_id)
     except NasError as e:
         _fail(str(e))
-    except Exception as e:  # mlflow raises MlflowException for an unknown run id
+    except Exception as e:  # mlflow raises MlflowException for an unreadable store
         _fail(f"cannot read MLflow run {run_id!r}: {e}")
-    _check_exportable(client, run)
+    problem = tracking.model_run_problem(run)
+    if problem:
+        _fail(problem)
+    run_id = run.info.run_id
     tags = run.data.tags
-    arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
+    retrained = tags.get(tracking.TAG_ROLE) == "retrain"
     downloads = Path(tempfile.mkdtemp(prefix="nas-export-"))  # ours: removed when the command ends
     atexit.register(shutil.rmtree, downloads, True)
     try:  # the supernet on this machine, else the sweep logged it to MLflow (a laptop exporting a cluster's trial)
-        files = tracking.trial_model_files(run, downloads)
+        if retrained:  # the retrained weights, local or from the run's artifacts
+            folder = tracking.retrained_model_files(run, downloads)
+            files = tracking.ModelFiles(folder, folder / "spm.model", None, "local")
+            arch = Arch.from_dict(json.loads((folder / "arch.json").read_text(encoding="utf-8")))
+        else:
+            arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
+            files = tracking.trial_model_files(run, downloads)
     except NasError as e:
         _fail(f"cannot export run {run_id}: {e}")
     if files.source == "mlflow":
         out.print(f"read the supernet from MLflow run {files.run_id} (not on this machine)", highlight=False)
     if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
-        _check_ctranslate2(arch, files.supernet_dir / "supernet.json")
+        _check_ctranslate2(arch, files.supernet_dir / ("model.json" if retrained else "supernet.json"))
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
                   "sweep_id": tags.get("nas.sweep_id")}
     try:
         path = export_arch(files.supernet_dir, files.spm_model, arch, out_dir,
-                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force)
+                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force,
+                           model_name="model" if retrained else "supernet")
     except (FileNotFoundError, NasError, KeyError) as e:
         _fail(f"cannot export run {run_id}: {e}")
-    out.print(f"exported {arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
+    kind = "retrained " if retrained else ""
+    out.print(f"exported {kind}{arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
     if chosen is not None and chosen.feasible is not None:
         bounds = tracking.describe_constraints(tracking.constraints_by_sweep(experiment, chosen.sweep_id))
         if chosen.feasible:
@@ -516,32 +561,6 @@ def _write_ctranslate2(path: Path, valid: Optional[Path]) -> None:
     checked = f"greedy translations of {len(sentences)} validation sentences equal PyTorch's" if sentences else \
         "not checked (no validation file)"
     out.print(f"CTranslate2: {folder} ({checked}); translate with ctranslate2.Translator({str(folder)!r})")
-
-
-def _check_exportable(client, run) -> None:
-    """Fail (exit 2) unless ``run`` is a FINISHED trial run: name what it is and the kind of run to pass instead."""
-    from nas import tracking
-
-    tags, run_id = run.data.tags, run.info.run_id
-    role, status = tags.get(tracking.TAG_ROLE), run.info.status
-    if role == "trial" and status == "FINISHED":
-        return
-    sweep_id = tags.get(tracking.TAG_SWEEP_ID)
-    if sweep_id is None and tags.get(tracking.TAG_PARENT):
-        try:
-            sweep_id = client.get_run(tags[tracking.TAG_PARENT]).data.tags.get(tracking.TAG_SWEEP_ID)
-        except Exception:  # a deleted parent: the message names no sweep
-            sweep_id = None
-    leaderboard = f"nas leaderboard --sweep {sweep_id}" if sweep_id else "nas leaderboard"
-    of_sweep = f" of sweep {sweep_id}" if sweep_id else ""
-    if role == "trial":
-        _fail(f"run {run_id} is a {status} trial{of_sweep}, which has no scores to export; pass the run id of a "
-              f"FINISHED trial ({leaderboard}) or --best")
-    what = {"sweep": f"the parent run{of_sweep}", "supernet": f"the supernet training run{of_sweep}",
-            "stage": f"a supernet training stage run{of_sweep}", "export": "an export run"}.get(
-        role, f"a run of role {role!r}" if role else "not a nas trial run (no nas.role tag)")
-    trial = "one of its FINISHED trials" if role == "sweep" else "a FINISHED trial"
-    _fail(f"run {run_id} is {what}, not a trial; pass the run id of {trial} ({leaderboard}) or --best")
 
 
 def _register_export(path: Path, name: str, run, valid: Optional[Path]) -> None:

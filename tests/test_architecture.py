@@ -5,7 +5,7 @@ higher one; imports inside functions count. Within a layer the module graph has 
 
     foundation (errors, io, locks, redact, faults, lazy; the standalone nas.export.translate_onnx) -> spec (nas.space) -> data
     -> model (nas.model, precision) -> scoring (nas.eval) -> builders -> trainers -> tracking (and its plots)
-    -> search (nas.search, with fidelity; preflight) -> export / report (nas.export, nas.report)
+    -> search (nas.search, with fidelity; preflight; nas.retraining) -> export / report (nas.export, nas.report)
     -> cli (and the lazy public API in nas/__init__.py)
 
 The checker reads the source with ``ast`` (nothing is imported), so it also sees imports that a
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nas.builders",),
     ("trainers",),
     ("nas.tracking",),
-    ("nas.search", "nas.preflight"),
+    ("nas.search", "nas.preflight", "nas.retraining"),
     ("nas.export", "nas.report"),
     ("nas.cli", "nas.api", "=nas"),
 ]

@@ -13,18 +13,21 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from nas import faults
 from nas.data import TokenBatcher
+from nas.io import atomic_path
 from nas.model.supernet import SuperTransformer
 from nas.precision import DeviceSettings, device_settings
 from trainers.distributed import all_reduce_dict, all_reduce_grads, shard
 from trainers.optim import batch_groups
 from trainers.stages.base import Stage, StepInfo, StepOutput
 
-__all__ = ["StepResult", "LoopHooks", "run_loop", "optimizer_step"]
+__all__ = ["StepResult", "LoopHooks", "run_loop", "optimizer_step", "save_checkpoint"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,19 @@ class LoopHooks:
     reads_at: Callable[[int], bool] = lambda step: True
     """1-based step -> whether ``after_step`` reads values there (logs, evaluates, checkpoints): with deferred
     checks (CUDA) the gradient norms are checked before such a step's hooks only."""
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write a training checkpoint (``torch.save`` of ``state``) through a temporary file and ``os.replace``, so a
+    kill leaves the previous checkpoint whole.
+
+    Raises:
+        OSError: the disk is full (ENOSPC) or the folder is not writable.
+    """
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:  # a file object: a full disk raises OSError(ENOSPC), not a bare RuntimeError
+            torch.save(state, f)
+        faults.kill_point("checkpoint_write")  # tests only: a kill with the new file written, not yet renamed
 
 
 def optimizer_step(model: SuperTransformer, optimizer: torch.optim.Optimizer,

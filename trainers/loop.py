@@ -38,12 +38,11 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from nas import faults
 from nas.errors import NasError
 from nas.builders import build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
 from nas.eval.validation import ValidationSet, validation_scores
-from nas.io import atomic_path, atomic_write_text
+from nas.io import atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer
 from nas.precision import autocast_for, resolve_precision, training_device
@@ -53,7 +52,7 @@ from nas.space import SeqDistillStage, SweepSpec
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
 from trainers.distill import STAGE_NUMBERS, StagePosition, check_width_dropout, stage_at
 from trainers.distributed import broadcast, dist_info, param_sums
-from trainers.engine import LoopHooks, StepResult, run_loop
+from trainers.engine import LoopHooks, StepResult, run_loop, save_checkpoint
 from trainers.optim import make_optimizer, make_scheduler
 from trainers.proximal import load_proximal_source, proximal_initialize
 from trainers.seq_distill import (
@@ -83,13 +82,6 @@ class TrainResult:
     """Final metrics: ``widest_bleu``, ``widest_chrf``, ``widest_valid_loss``, ``train_loss``, ``train_seconds``."""
 
 
-
-
-def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:  # a file object: a full disk raises OSError(ENOSPC), not a bare RuntimeError
-            torch.save(state, f)
-        faults.kill_point("checkpoint_write")  # tests only: a kill with the new file written, not yet renamed
 
 
 def _progress(enabled: bool) -> Progress:
@@ -181,7 +173,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         if tr.keep_last > 0:  # snapshot first: a crash before the checkpoint re-creates it on resume
             save_snapshot(model.state_dict(), out_dir / SNAPSHOTS, state["step"], model.config())
             prune_snapshots(out_dir / SNAPSHOTS, tr.keep_last)
-        _save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        save_checkpoint(ckpt_path, {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                      "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(),
                                      "sampler_rng": rng.getstate(), "state": state})
 

@@ -55,8 +55,12 @@ class Exported:
 
 
 def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out: str | Path, *,
-                beam_size: int = 4, provenance: dict | None = None, force: bool = False) -> Path:
+                beam_size: int = 4, provenance: dict | None = None, force: bool = False,
+                model_name: str = "supernet") -> Path:
     """Crop ``arch`` out of the supernet saved in ``supernet_dir`` and write an export folder.
+
+    ``model_name="model"`` reads a retrained sub-Transformer instead (``model.safetensors`` of a ``nas retrain``
+    folder, whose maxima are ``arch``): the crop is then the whole model, its weights unchanged.
 
     The folder is written as a temporary sibling and swapped into place (:func:`nas.io.output_dir`), so an
     interrupted export leaves the earlier one whole. ``out`` may be new, empty or an earlier export (it
@@ -71,7 +75,7 @@ def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out
     spm_model = Path(spm_model)
     if not spm_model.is_file():
         raise FileNotFoundError(f"SentencePiece model not found: {spm_model}")
-    sub = extract(load_model(supernet_dir, "supernet"), arch)
+    sub = extract(load_model(supernet_dir, model_name), arch)
     with output_dir(out, marker=PROVENANCE, force=force) as tmp:
         save_model(sub, tmp, "model")
         shutil.copyfile(spm_model, tmp / "spm.model")

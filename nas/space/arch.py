@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
@@ -138,6 +139,14 @@ class StackArch:
         return " ".join(cells)
 
 
+_SUMMARY = re.compile(r"(?:C(\d+)\s+)?enc\[([^\]]*)\]\s*dec\[([^\]]*)\]")
+"""An :meth:`Arch.summary` string: an optional model width, then the encoder's and the decoder's layer cells."""
+_CELL = re.compile(r"(?P<width>\d+)/(?P<ffn>\d+)(?:x(?P<branches>\d+))?(?:p(?P<paths>\d+))?"
+                   r"(?:P(?P<kernels>-|\d+(?:,\d+)*))?"
+                   r"(?:u(?P<units>\d+)(?:-(?P<bias>" + "|".join(UNIT_BIASES) + r"))?(?P<seq>-seq)?)?")
+"""One layer of :meth:`StackArch.summary`."""
+
+
 @dataclass(frozen=True)
 class Arch:
     """A sub-Transformer: the encoder's and the decoder's per-layer choices.
@@ -190,8 +199,48 @@ class Arch:
         """Stable 12-hex-digit hash of the architecture (same arch -> same id across runs)."""
         return hashlib.sha256(self.to_json().encode()).hexdigest()[:12]
 
+    @classmethod
+    def parse(cls, text: str) -> "Arch":
+        """The arch a :meth:`summary` string describes (its inverse), or arch JSON (:meth:`from_json`).
+
+        Example: ``Arch.parse("enc[128/256 128/256x2] dec[128/512P3,15u2-swap-seq]")``.
+
+        Raises:
+            ArchError: malformed text (quotes the bad part and shows a valid string).
+        """
+        text = text.strip()
+        if text.startswith("{"):
+            return cls.from_json(text)
+        example = "e.g. 'enc[128/256 128/256] dec[128/256]' or 'C64 enc[64/256x2 64/256P3,7] dec[64/256u2-swap-seq]'"
+        whole = _SUMMARY.fullmatch(text)
+        if whole is None:
+            raise ArchError(f"arch {text!r} is not an arch summary ('[C<width> ]enc[<layers>] dec[<layers>]'); {example}")
+        width, stacks = whole.group(1), []
+        for name, cells in (("enc", whole.group(2)), ("dec", whole.group(3))):
+            layers = []
+            for cell in cells.split():
+                m = _CELL.fullmatch(cell)
+                if m is None:
+                    raise ArchError(f"arch {text!r}: {name} layer {cell!r} is not 'width/ffn_width' with optional "
+                                    f"xN (branches), pN (paths), P<kernels> or P- (Prime), uN[-bias][-seq] (units); "
+                                    f"{example}")
+                layers.append(m)
+            if not layers:
+                raise ArchError(f"arch {text!r}: {name}[] has no layer; {example}")
+            stacks.append(StackArch(
+                width=[int(m["width"]) for m in layers], ffn_width=[int(m["ffn"]) for m in layers],
+                branches=[int(m["branches"] or 1) for m in layers], paths=[int(m["paths"] or 1) for m in layers],
+                layout=["prime" if m["kernels"] is not None else "sequential" for m in layers],
+                kernels=[tuple(int(k) for k in m["kernels"].split(",")) if m["kernels"] not in (None, "-") else ()
+                         for m in layers],
+                units=[int(m["units"] or 1) for m in layers],
+                unit_bias=[m["bias"] or "identity" for m in layers],
+                unit_dependency=["sequential" if m["seq"] else "independent" for m in layers]))
+        return cls(stacks[0], stacks[1], model_width=int(width) if width else None)
+
     def summary(self) -> str:
-        """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]`` (``C64 enc[...]`` with a model width)."""
+        """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]`` (``C64 enc[...]`` with a model width);
+        :meth:`parse` reads it back."""
         prefix = "" if self.model_width is None else f"C{self.model_width} "
         return f"{prefix}enc[{self.encoder.summary()}] dec[{self.decoder.summary()}]"
 

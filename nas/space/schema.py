@@ -18,10 +18,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from nas.redact import REDACTED
 from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 from nas.space.constraints import Constraint, parse_constraint
+from nas.space.recipe import RetrainSpec
 
 __all__ = ["SweepSpec", "DataSpec", "PairFiles", "TokenizerSpec", "SupernetSpec", "Dimension", "SpaceSpec",
            "JointStage", "WordDistillStage", "SeqDistillStage", "StageSpec", "STAGE_ORDER", "TrainSpec",
-           "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec", "ResourcesSpec", "TrackingSpec", "OPTUNA_STORAGE_SCHEMES",
+           "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec", "ResourcesSpec", "TrackingSpec", "RetrainSpec", "OPTUNA_STORAGE_SCHEMES",
            "REDACTED"]
 
 # REDACTED (:mod:`nas.redact`) is what values interpolated from the environment (``${VAR}``) are replaced by
@@ -595,6 +596,8 @@ class SweepSpec(_Strict):
     search: SearchSpec = SearchSpec()
     resources: ResourcesSpec = ResourcesSpec()
     tracking: TrackingSpec = TrackingSpec()
+    retrain: RetrainSpec = RetrainSpec()
+    """The recipe of ``nas retrain`` (:class:`~nas.space.recipe.RetrainSpec`)."""
     workdir: Path = Path("nas_runs")
     """Where checkpoints, the Optuna journal and Ray results go (a folder per sweep name)."""
     _secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = PrivateAttr(default_factory=dict)

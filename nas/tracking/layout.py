@@ -3,7 +3,9 @@
 One *sweep* parent run (tags ``nas.sweep_id``, ``nas.role=sweep``), and under it one ``nas.role=supernet``
 child run (with one ``nas.role=stage`` child per training stage) plus one ``nas.role=trial`` child run per
 search trial (tags ``nas.trial_id``, ``nas.arch_id``, ``nas.arch_summary``; metrics ``bleu``, ``chrf``,
-``valid_loss``, ``params_m``, ``latency_ms``; params = the flattened architecture).
+``valid_loss``, ``params_m``, ``latency_ms``; params = the flattened architecture). ``nas retrain`` of a trial
+adds a ``nas.role=retrain`` child (tag ``nas.source_run_id``: the trial) with the retrained model's metrics and
+weights; a retrain of an ``--arch`` is a top-level run of that role.
 
 Standard library only (no mlflow): :mod:`nas.preflight` reads :func:`tracking_uri` before anything starts.
 """
@@ -15,7 +17,8 @@ from pathlib import Path
 
 __all__ = ["tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
            "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
-           "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "PARAM_CONSTRAINTS"]
+           "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR",
+           "PARAM_CONSTRAINTS"]
 
 TAG_ROLE = "nas.role"
 TAG_SWEEP_ID = "nas.sweep_id"
@@ -32,6 +35,10 @@ TAG_OPTUNA_STORAGE = "nas.optuna_storage"
 """Sweep parent-run tag: the Optuna study's storage, a journal file path or a database URL (password masked)."""
 TAG_STUDY_NAME = "nas.study_name"
 """Sweep parent-run tag: the study's name in that storage."""
+TAG_SOURCE_RUN = "nas.source_run_id"
+"""Retrain-run tag (``nas.role=retrain``): the trial run whose arch was retrained (absent for ``--arch``)."""
+TAG_RETRAIN_DIR = "nas.retrain_dir"
+"""Retrain-run tag: the folder (absolute) that holds the retrained weights on the machine that trained them."""
 
 PARAM_CONSTRAINTS = "search.constraints"
 """Param of a sweep's parent run: its ``search.constraints`` as ``; ``-joined keys (``latency_ms<=40``)."""

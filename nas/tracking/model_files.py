@@ -17,16 +17,20 @@ from pathlib import Path
 from mlflow.entities import Run
 
 from nas.errors import NotFoundError
-from nas.tracking.layout import TAG_PARENT, TAG_ROLE
+from nas.tracking.layout import TAG_PARENT, TAG_RETRAIN_DIR, TAG_ROLE, TAG_SWEEP_ID
 from nas.tracking.runs import find_tagged_runs, get_client
 
-__all__ = ["DATA_FILES", "SUPERNET_ARTIFACTS", "SUPERNET_FILES", "ModelFiles", "log_supernet_files",
-           "trial_model_files"]
+__all__ = ["DATA_FILES", "SUPERNET_ARTIFACTS", "SUPERNET_FILES", "RETRAIN_ARTIFACTS", "RETRAIN_FILES", "ModelFiles",
+           "log_supernet_files", "log_retrain_files", "trial_model_files", "retrained_model_files", "model_run_problem"]
 
 SUPERNET_ARTIFACTS = "supernet"
 """The artifact folder of a supernet run that holds the files below."""
 SUPERNET_FILES = ("supernet.safetensors", "supernet.json")
 DATA_FILES = ("spm.model", "valid.parquet")
+RETRAIN_ARTIFACTS = "model"
+"""The artifact folder of a retrain run (``nas.role=retrain``) that holds :data:`RETRAIN_FILES`."""
+RETRAIN_FILES = ("model.safetensors", "model.json", "arch.json", "spm.model")
+"""A retrained sub-Transformer: weights, constructor config, arch and SentencePiece model."""
 SUPERNET_EXTRAS = ("sample_counts.json",)
 """Files of the supernet's folder logged when present: how often each (layer, dimension, value) trained."""
 
@@ -122,3 +126,65 @@ def trial_model_files(run: Run, download_to: str | Path) -> ModelFiles:
         f"the supernet of run {run.info.run_id} is neither in {run.data.tags.get('nas.supernet_dir', '(no tag)')} "
         f"on this machine nor in the artifacts of its sweep's supernet run (sweeps log it there since this "
         f"version); export on the machine that ran the sweep, or run the sweep again to log it")
+
+
+def log_retrain_files(run_id: str, folder: str | Path) -> None:
+    """Upload a retrain folder's :data:`RETRAIN_FILES` to ``run_id``'s artifacts under :data:`RETRAIN_ARTIFACTS`
+    (the weights first, the arch last: a folder interrupted mid-way is recognisably incomplete).
+
+    Raises:
+        FileNotFoundError: a file is missing (names it). mlflow.MlflowException: store errors.
+    """
+    files = [Path(folder) / name for name in RETRAIN_FILES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the retrained model is incomplete: {', '.join(missing)} missing")
+    client = get_client()
+    for path in files:
+        client.log_artifact(run_id, str(path), RETRAIN_ARTIFACTS)
+
+
+def retrained_model_files(run: Run, download_to: str | Path) -> Path:
+    """The folder holding retrain ``run``'s :data:`RETRAIN_FILES`: the local one its ``nas.retrain_dir`` tag names
+    when it holds them, else its artifacts downloaded into ``download_to`` (a folder the caller owns).
+
+    Raises:
+        NotFoundError: neither holds them (names the folder and the run).
+    """
+    local = Path(run.data.tags.get(TAG_RETRAIN_DIR, "")) if run.data.tags.get(TAG_RETRAIN_DIR) else None
+    if local is not None and all((local / name).is_file() for name in RETRAIN_FILES):
+        return local
+    client = get_client()
+    names = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, RETRAIN_ARTIFACTS)}
+    if not set(RETRAIN_FILES) <= names:
+        raise NotFoundError(f"the retrained weights of run {run.info.run_id} are neither in {local or '(no tag)'} "
+                            f"on this machine nor in its artifacts ({RETRAIN_ARTIFACTS}/); run `nas retrain` again")
+    return Path(client.download_artifacts(run.info.run_id, RETRAIN_ARTIFACTS, str(download_to)))
+
+
+def model_run_problem(run: Run, roles: tuple[str, ...] = ("trial", "retrain")) -> str | None:
+    """Why ``run`` cannot give a model (None when it can): it must be a FINISHED run of one of ``roles`` (a
+    search trial, scored with inherited weights, or a retrained sub-Transformer). The text names what the run
+    is and the kind of run to pass instead (with the ``nas leaderboard`` command that lists them)."""
+    tags, run_id = run.data.tags, run.info.run_id
+    role, status = tags.get(TAG_ROLE), run.info.status
+    if role in roles and status == "FINISHED":
+        return None
+    sweep_id = tags.get(TAG_SWEEP_ID)
+    if sweep_id is None and tags.get(TAG_PARENT):
+        try:
+            sweep_id = get_client().get_run(tags[TAG_PARENT]).data.tags.get(TAG_SWEEP_ID)
+        except Exception:  # a deleted parent: the message names no sweep
+            sweep_id = None
+    leaderboard = f"nas leaderboard --sweep {sweep_id}" if sweep_id else "nas leaderboard"
+    of_sweep = f" of sweep {sweep_id}" if sweep_id else ""
+    if role in roles:
+        return (f"run {run_id} is a {status} {role}{of_sweep}, which has no finished model; pass the run id of a "
+                f"FINISHED trial ({leaderboard}) or --best")
+    what = {"sweep": f"the parent run{of_sweep}", "supernet": f"the supernet training run{of_sweep}",
+            "stage": f"a supernet training stage run{of_sweep}", "export": "an export run",
+            "trial": f"a trial{of_sweep}", "retrain": "a retrain run"}.get(
+        role, f"a run of role {role!r}" if role else "not a nas trial run (no nas.role tag)")
+    kinds = " or a ".join(f"{r} run" if r != "trial" else r for r in roles)
+    trial = "one of its FINISHED trials" if role == "sweep" else "a FINISHED trial"
+    return f"run {run_id} is {what}, not a {kinds}; pass the run id of {trial} ({leaderboard}) or --best"

@@ -22,14 +22,14 @@ from mlflow.entities import ViewType
 
 from nas.errors import NasError, NotFoundError
 from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison, violated
-from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SWEEP_ID
+from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SOURCE_RUN, TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
 from nas.tracking.rows import LOWER_IS_BETTER, ROW_METRICS, LeaderboardRow
 from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
 from nas.tracking.sweeps import constraints_by_sweep, describe_constraints
 
 __all__ = ["LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
-           "pareto_scan", "best_trial"]
+           "pareto_scan", "best_trial", "with_retrained"]
 
 
 def _row(run: mlflow.entities.Run, constraints: dict[str, tuple[Constraint, ...]]) -> LeaderboardRow:
@@ -327,3 +327,42 @@ def _chunks(items: Iterator[LeaderboardRow], size: int) -> Iterator[list[Leaderb
     if chunk:
         yield chunk
 
+
+
+def with_retrained(experiment: str, rows: Sequence[LeaderboardRow]) -> list[LeaderboardRow]:
+    """``rows`` with the scores of their retrained models filled in (``retrain_*`` fields): for each trial, the
+    newest FINISHED ``nas.role=retrain`` run of ``experiment`` whose ``nas.source_run_id`` names it (one query for
+    all; rows of trials never retrained are returned unchanged).
+
+    Raises:
+        NotFoundError: no active experiment named ``experiment``.
+    """
+    if not rows:
+        return list(rows)
+    client = get_client()
+    exp_id = experiment_id(client, experiment)
+    wanted = {r.run_id for r in rows}
+    newest: dict[str, mlflow.entities.Run] = {}
+    token = None
+    while True:
+        page = client.search_runs([exp_id], " AND ".join(tag_filter(**{TAG_ROLE: "retrain"})
+                                                         + ["attributes.status = 'FINISHED'"]),
+                                  ViewType.ACTIVE_ONLY, PAGE_SIZE, order_by=["attributes.end_time ASC"],
+                                  page_token=token)
+        for run in page:  # oldest first: the newest retrain of a trial wins
+            source = run.data.tags.get(TAG_SOURCE_RUN)
+            if source in wanted:
+                newest[source] = run
+        token = page.token
+        if not token:
+            break
+    out = []
+    for row in rows:
+        run = newest.get(row.run_id)
+        if run is None:
+            out.append(row)
+            continue
+        m = run.data.metrics
+        out.append(dataclasses.replace(row, retrain_bleu=m.get("bleu"), retrain_chrf=m.get("chrf"),
+                                       retrain_latency_ms=m.get("latency_ms"), retrain_run_id=run.info.run_id))
+    return out

@@ -35,3 +35,12 @@ class LeaderboardRow:
     """``latency_ms`` over its sweep's reference arch's (``search.latency_reference``); ``None`` where not reported."""
     latency_reference_ms: float | None = None
     """The reference arch's latency (ms) on the same workload and device; ``None`` where not reported."""
+    retrain_bleu: float | None = None
+    """BLEU of this trial's arch trained alone (``nas retrain``; the newest FINISHED retrain run naming this trial
+    in ``nas.source_run_id``), beside the inherited ``bleu``; ``None`` where it was not retrained."""
+    retrain_chrf: float | None = None
+    """chrF of that retrained model."""
+    retrain_latency_ms: float | None = None
+    """Fixed-length latency (ms) of that retrained model, timed when it finished."""
+    retrain_run_id: str | None = None
+    """That retrain run (``nas export --run-id`` exports its weights)."""

@@ -23,7 +23,7 @@ from nas.tracking.layout import STAGE_NAMES, TAG_PARENT, TAG_ROLE, TAG_STAGE, TA
 
 __all__ = ["PAGE_SIZE", "get_client", "ensure_experiment", "experiment_id", "flatten", "start_run", "log_metrics",
            "log_json_artifact", "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params",
-           "reopen_run", "end_stale_runs", "find_runs", "quote", "tag_filter"]
+           "reopen_run", "end_stale_runs", "find_runs", "quote", "tag_filter", "resolve_run_id"]
 
 PARAMS_PER_BATCH = 100  # MLflow's limit on params (and tags) per log_batch call
 PAGE_SIZE = 1000
@@ -355,3 +355,50 @@ def find_runs(
         if not token:
             return runs
 
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def resolve_run_id(prefix: str, *, client: MlflowClient | None = None) -> mlflow.entities.Run:
+    """The MLflow run whose id is ``prefix`` or starts with it, as git resolves a short commit id: the leaderboard's
+    8-character ids work wherever a run id is asked for.
+
+    A full 32-character id is read directly; a shorter one is matched against the runs of every active experiment
+    (one paged search per experiment).
+
+    Raises:
+        NotFoundError: no run id starts with ``prefix`` (names the tracking URI, password masked).
+        NasError: ``prefix`` is empty or not hexadecimal, or several runs match (lists up to 5 with their
+            ``nas.role`` and names: pass more characters).
+    """
+    from nas.errors import NasError
+
+    text = str(prefix).strip().lower()
+    if not text or not set(text) <= _HEX:
+        raise NasError(f"run id {prefix!r} is not a hexadecimal MLflow run id (or a prefix of one, as "
+                       f"`nas leaderboard` prints them)")
+    client = client or get_client()
+    where = redact_url(tracking_uri())
+    if len(text) == 32:
+        try:
+            return client.get_run(text)
+        except mlflow.MlflowException:
+            raise NotFoundError(f"no MLflow run {text} at {where}; list runs with `nas leaderboard`") from None
+    matches: list[mlflow.entities.Run] = []
+    for experiment in client.search_experiments(view_type=ViewType.ACTIVE_ONLY):
+        token = None
+        while True:
+            page = client.search_runs([experiment.experiment_id], "", ViewType.ACTIVE_ONLY, 50_000, page_token=token)
+            matches += [run for run in page if run.info.run_id.startswith(text)]
+            token = page.token
+            if not token:
+                break
+    if not matches:
+        raise NotFoundError(f"no MLflow run id starts with {text!r} at {where}; list runs with `nas leaderboard`")
+    if len(matches) > 1:
+        shown = ", ".join(f"{r.info.run_id} ({r.data.tags.get(TAG_ROLE, 'no role')} {r.info.run_name})"
+                          for r in matches[:5])
+        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
+        raise NasError(f"run id prefix {text!r} matches {len(matches)} runs: {shown}{more}; pass more characters")
+    return matches[0]

@@ -32,7 +32,8 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     """A :class:`rich.table.Table` with columns rank, run id (first 8 chars), arch, BLEU, chrF,
-    params (M), latency (ms); missing metrics shown as ``-``. When any row has a ``feasible`` verdict, a
+    params (M), latency (ms); missing metrics shown as ``-``. When any row's arch was retrained (``nas retrain``),
+    a column ``retrained BLEU`` shows that model's BLEU beside the inherited one. When any row has a ``feasible`` verdict, a
     column ``feasible`` says ``yes``/``no`` (``-``: its sweep has no constraints); when any row has a
     ``pareto`` flag, a last column ``front`` marks the non-dominated rows with ``*``."""
     from rich.table import Table
@@ -43,6 +44,9 @@ def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     table.add_column("arch", overflow="fold")
     for name in ("BLEU", "chrF", "params (M)", "latency (ms)"):
         table.add_column(name, justify="right")
+    retrained = any(r.retrain_bleu is not None for r in rows)
+    if retrained:  # beside the inherited scores: the same arch trained alone (nas retrain)
+        table.add_column("retrained BLEU", justify="right")
     judged = any(r.feasible is not None for r in rows)
     if judged:
         table.add_column("feasible", justify="center")
@@ -52,6 +56,8 @@ def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     for i, r in enumerate(rows, 1):
         cells = [str(i), r.run_id[:8], r.arch,
                  _fmt(r.bleu), _fmt(r.chrf), _fmt(r.params_m), _fmt(r.latency_ms)]
+        if retrained:
+            cells.append(_fmt(r.retrain_bleu))
         if judged:
             cells.append("-" if r.feasible is None else "yes" if r.feasible else "no")
         table.add_row(*cells, *(["*" if r.pareto else ""] if marked else []))
