@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from nas.errors import NasError
+
 if TYPE_CHECKING:
     from nas.export import Exported
     from nas.retraining import RetrainResult
@@ -143,10 +145,13 @@ def load_export(directory: str | Path) -> "Exported":
     """Load a folder written by ``nas export`` (no supernet needed); ``.translate(sentences)`` on it.
 
     Raises:
-        FileNotFoundError: a file of the export is missing (names it).
+        NasError: ``directory`` is not a path; MissingFileError: the folder or a file of the export is missing;
+            DamagedFileError: a file is truncated or invalid (each names the file).
     """
     from nas.export import load_export as _load
 
+    if not isinstance(directory, (str, Path)):
+        raise NasError(f"load_export(directory): expected a folder path (str or Path), got {type(directory).__name__}")
     return _load(directory)
 
 
@@ -157,6 +162,18 @@ def translate(export: "str | Path | Exported", sentences: Sequence[str], *, beam
         export: an export folder, or what :func:`load_export` returned (load once, translate often).
         sentences: raw source sentences.
         beam_size: default: the export's.
+
+    Raises:
+        NasError: ``sentences`` is a string (pass a list of sentences) or holds a non-string; the export is
+            missing or damaged (:func:`load_export`).
     """
+    if isinstance(sentences, (str, bytes)):
+        raise NasError("translate(export, sentences): sentences is one string; pass a list of sentences, e.g. "
+                       f"[{sentences[:40]!r}]")
+    sentences = list(sentences)
+    bad = next((i for i, s in enumerate(sentences) if not isinstance(s, str)), None)
+    if bad is not None:
+        raise NasError(f"translate(export, sentences): sentences[{bad}] is a {type(sentences[bad]).__name__}, not a "
+                       f"string")
     model = load_export(export) if isinstance(export, (str, Path)) else export
     return model.translate(list(sentences), beam_size=beam_size)

@@ -263,6 +263,9 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     Each trial is judged by its own sweep's search.constraints: only the feasible ones are ranked (and can be on the
     front) unless --include-infeasible; the feasible column says which.
     """
+    if fmt == "table" and out_file is not None:
+        _fail(f"--out {out_file}: the table is printed, not written; pass --format csv, json or parquet to write "
+              f"a file")
     _output_file(out_file)
     _output_file(plot_file, "--plot")
     from nas import tracking
@@ -303,6 +306,8 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         write_pareto_plot(scan, plot_file, title=f"{experiment}{f' / {sweep_id}' if sweep_id else ''}: "
                                                  f"{len(scan.front)} of {scan.scanned} trials on the front")
         out.print(f"wrote the Pareto plot to {escape(str(plot_file))}", highlight=False)
+    if not rows:
+        _why_empty(experiment, sweep_id, status, where or (), include_infeasible)
     if fmt == "table":
         out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
         if scan is not None:
@@ -318,6 +323,32 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         _fail(str(e))
     out.print(f"wrote {len(rows)} rows to {path}")
     _print_feasibility(experiment, sweep_id, include_infeasible)
+
+
+def _why_empty(experiment: str, sweep_id: Optional[str], status: str, where: list[str],
+               include_infeasible: bool) -> None:
+    """Say why a leaderboard has no row: an unknown sweep id (exit 2, naming the sweeps there), no trial of the
+    status, or filters (--where, the sweeps' constraints) that no trial meets."""
+    from nas import tracking
+
+    trials = tracking.find_runs(experiment, role="trial", sweep_id=sweep_id)
+    if sweep_id and not trials and not tracking.find_runs(experiment, sweep_id=sweep_id):
+        sweeps = sorted({r.data.tags.get(tracking.TAG_SWEEP_ID) for r in tracking.find_runs(experiment, role="sweep")}
+                        - {None})
+        _fail(f"--sweep {sweep_id}: experiment {experiment!r} has no sweep of that id; its sweeps: "
+              f"{', '.join(sweeps) or 'none'}")
+    of = f" of sweep {sweep_id}" if sweep_id else ""
+    with_status = [r for r in trials if status == "all" or r.info.status == status]
+    if not with_status:
+        err.print(f"no {'' if status == 'all' else status + ' '}trial{of} in experiment {escape(experiment)} "
+                  f"({len(trials)} trial runs in all; --status all shows every one)", highlight=False)
+        return
+    filters = [f"--where {' and '.join(where)}"] if where else []
+    if not include_infeasible:
+        filters.append("its sweep's search.constraints (--include-infeasible drops them)")
+    kind = "trials" if status == "all" else f"{status} trials"
+    err.print(f"none of the {len(with_status)} {kind}{of} in experiment "
+              f"{escape(experiment)} meets {' and '.join(filters)}", highlight=False)
 
 
 def _print_feasibility(experiment: str, sweep_id: Optional[str], include_infeasible: bool) -> None:
@@ -475,6 +506,8 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _fail(f"cannot export run {run_id}: {e}")
     if files.source == "mlflow":
         out.print(f"read the supernet from MLflow run {files.run_id} (not on this machine)", highlight=False)
+    if chosen is None and not retrained:  # --run-id of a trial: say when it breaks its sweep's constraints
+        _warn_infeasible(tracking, run)
     if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
         _check_ctranslate2(arch, files.supernet_dir / ("model.json" if retrained else "supernet.json"))
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
@@ -519,6 +552,25 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _write_ctranslate2(path, files.valid)
     if register is not None:
         _register_export(path, register, run, files.valid)
+
+
+def _warn_infeasible(tracking, run) -> None:
+    """Warn (stderr) when trial ``run`` breaks its sweep's search.constraints, naming each bound and the value."""
+    from nas.space.constraints import violated
+
+    parent = run.data.tags.get(tracking.TAG_PARENT)
+    if not parent:
+        return
+    try:
+        constraints = tracking.sweep_constraints(tracking.get_client().get_run(parent))
+    except Exception:  # noqa: BLE001 - a deleted or unreadable parent: nothing to judge by
+        return
+    broken = violated(constraints, run.data.metrics)
+    if broken:
+        sweep = run.data.tags.get(tracking.TAG_SWEEP_ID, "?")
+        values = ", ".join(f"{c.key} ({c.metric} is {run.data.metrics.get(c.metric, float('nan')):g})" for c in broken)
+        err.print(f"[yellow]warning:[/yellow] run {run.info.run_id} breaks sweep {escape(sweep)}'s search.constraints: "
+                  f"{escape(values)}; exporting it anyway (--run-id)", highlight=False)
 
 
 def _check_ctranslate2(arch, supernet_config: Path) -> None:
@@ -620,7 +672,7 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
 
     try:
         model = load_export(directory)
-    except FileNotFoundError as e:
+    except NasError as e:  # a missing or damaged file of the export (names it)
         _fail(str(e))
     long_lines = [i + 1 for i in model.too_long(lines)]
     if long_lines:

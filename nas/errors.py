@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["error_chain", "NasError", "NotFoundError", "OutputPathError", "DiskFullError", "ArchError", "PredictorFileError"]
+__all__ = ["error_chain", "NasError", "NotFoundError", "OutputPathError", "DiskFullError", "ArchError", "PredictorFileError",
+           "MissingFileError", "DamagedFileError"]
 
 
 class NasError(ValueError):
@@ -26,6 +27,17 @@ class NasError(ValueError):
 
 class NotFoundError(NasError, LookupError):
     """A run, sweep, experiment or trial the user named does not exist (names it and how to create it)."""
+
+
+class MissingFileError(NasError, FileNotFoundError):
+    """A file the user pointed at (an export folder's ``model.safetensors``, a model's config) does not exist
+    (names it and the command that writes it). Also a ``FileNotFoundError``, so callers that caught that keep
+    working."""
+
+
+class DamagedFileError(NasError):
+    """A file the user pointed at exists but cannot be read: truncated weights, invalid JSON, weights that do not
+    fit their config (names the file, what is wrong and the command that writes it again)."""
 
 
 class OutputPathError(NasError):

@@ -122,7 +122,7 @@ def test_inherited_init_starts_from_the_supernet_s_crop(swept, tmp_path):
     from nas.model.supernet import extract
 
     spec_file, spec, _, trial = swept
-    result = CliRunner().invoke(app, ["retrain", str(spec_file), "--run-id", trial, "--out", str(tmp_path / "inh"),
+    result = CliRunner().invoke(app, ["retrain", str(spec_file), "--best", "--out", str(tmp_path / "inh"),
                                       "--set", "retrain.init=inherited", "--set", "retrain.steps=1",
                                       "--set", "retrain.lr=1e-9", "--set", "retrain.average_last=1"])
     assert result.exit_code == 0, (result.output, result.exception)
@@ -132,7 +132,7 @@ def test_inherited_init_starts_from_the_supernet_s_crop(swept, tmp_path):
     for name in crop:
         torch.testing.assert_close(trained[name], crop[name], atol=1e-6, rtol=0)
     (run,) = tracking.find_runs("tiny", role="retrain")
-    assert run.data.tags["nas.init"] == "inherited"
+    assert run.data.tags["nas.init"] == "inherited" and run.data.tags["nas.source_run_id"] == trial  # --best
 
 
 def test_a_killed_retrain_resumes_to_the_weights_of_an_uninterrupted_one(multi30k, tmp_path, tiny_supernet):
@@ -234,3 +234,19 @@ def test_the_retrain_section_is_validated_and_defaults_to_the_training_recipe(mu
     with pytest.raises(SpecError, match="retrain.stepz"):
         parse_spec({**raw, "retrain": {"stepz": 3}}, "x")
     assert yaml.safe_dump(raw)  # the dict stays a plain YAML document
+
+
+def test_the_python_api_retrains_an_arch_and_refuses_bad_input_with_nas_error(swept, tmp_path):
+    import nas
+
+    spec_file, *_ = swept
+    with pytest.raises(nas.NasError, match="pass exactly one of"):
+        nas.retrain(spec_file)
+    with pytest.raises(nas.NasError, match="--arch 'enc\\[1/2'"):
+        nas.retrain(spec_file, arch="enc[1/2")
+    result = nas.retrain(spec_file, arch=BASELINE, out_dir=tmp_path / "api", progress=False)
+    assert result.arch == Arch.parse(BASELINE) and result.source_run_id is None
+    assert json.loads((tmp_path / "api" / "metrics.json").read_text()) == result.metrics
+    run = tracking.get_client().get_run(result.run_id)
+    assert run.data.tags["nas.role"] == "retrain" and run.info.status == "FINISHED"
+    assert run.data.metrics["bleu"] == pytest.approx(result.metrics["bleu"])

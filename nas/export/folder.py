@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nas.data import Tokenizer
 from nas.eval.scores import translate
+from nas.errors import ArchError, DamagedFileError, MissingFileError
 from nas.io import atomic_write_text, output_dir
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
@@ -84,18 +85,45 @@ def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out
     return Path(out)
 
 
+def _json_file(path: Path) -> dict:
+    """The JSON object in ``path``. Raises MissingFileError / DamagedFileError naming it."""
+    if not path.is_file():
+        raise MissingFileError(f"{path} is missing: the export is partial; export it again with `nas export`")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedFileError(f"{path} is not valid JSON ({e}); export it again with `nas export`") from None
+    if not isinstance(value, dict):
+        raise DamagedFileError(f"{path} holds a JSON {type(value).__name__}, not an object; export it again with "
+                               f"`nas export`")
+    return value
+
+
 def load_export(directory: str | Path) -> Exported:
     """Load an export folder written by :func:`export_arch` (no supernet needed).
 
     Raises:
-        FileNotFoundError: a file of the export is missing (names it).
+        MissingFileError: the folder or a file of the export is missing (names it; also a FileNotFoundError).
+        DamagedFileError: a file is unreadable: invalid JSON, truncated weights, an arch or SentencePiece model
+            that cannot be read (names it).
     """
     directory = Path(directory)
     meta_file = directory / PROVENANCE
     if not meta_file.is_file():
-        raise FileNotFoundError(f"{directory} is not a nas export (no {PROVENANCE}); create one with `nas export`")
-    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        raise MissingFileError(f"{directory} is not a nas export (no {PROVENANCE}); create one with `nas export`")
+    meta = _json_file(meta_file)
     model = load_model(directory, "model")
-    arch = Arch.from_dict(json.loads((directory / "arch.json").read_text(encoding="utf-8")))
-    return Exported(model=model, tokenizer=Tokenizer(directory / "spm.model"), arch=arch,
-                    beam_size=int(meta.get("beam_size", 4)))
+    try:
+        arch = Arch.from_dict(_json_file(directory / "arch.json"))
+    except ArchError as e:
+        raise DamagedFileError(f"{directory / 'arch.json'} is no arch ({e}); export it again with `nas export`") \
+            from None
+    spm = directory / "spm.model"
+    if not spm.is_file():
+        raise MissingFileError(f"{spm} is missing: the export is partial; export it again with `nas export`")
+    try:
+        tokenizer = Tokenizer(spm)
+        tokenizer.vocab_size  # loads the model: a damaged file fails here, not at the first sentence
+    except (OSError, RuntimeError, ValueError) as e:  # DataError is a ValueError (NasError)
+        raise DamagedFileError(f"{spm} is not a SentencePiece model; export it again with `nas export`") from e
+    return Exported(model=model, tokenizer=tokenizer, arch=arch, beam_size=int(meta.get("beam_size", 4)))

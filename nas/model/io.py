@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from nas.errors import NasError
+from nas.errors import DamagedFileError, MissingFileError, NasError
 from nas.io import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer
 
@@ -29,7 +29,7 @@ CONFIG_KEY = "config"
 """The safetensors metadata key holding the constructor config (JSON)."""
 
 
-class ModelFileError(NasError):
+class ModelFileError(DamagedFileError):
     """A model folder's weights and config do not belong together (a save was interrupted); names both files."""
 
 
@@ -53,22 +53,36 @@ def load_model(directory: str | Path, name: str = "model") -> SuperTransformer:
     """Rebuild a model written by :func:`save_model`, in eval mode.
 
     Raises:
-        FileNotFoundError: the weights or config file is missing (names it).
-        ModelFileError: the config embedded in the weights differs from ``<name>.json`` (an interrupted save).
+        MissingFileError: the weights or config file is missing (names it; also a FileNotFoundError).
+        ModelFileError: the config embedded in the weights differs from ``<name>.json`` (an interrupted save), the
+            config is not JSON or not a model's, or the weights are unreadable (truncated) or do not fit the config
+            (names the file).
     """
     directory = Path(directory)
     config, weights = directory / f"{name}.json", directory / f"{name}.safetensors"
     for f in (config, weights):
         if not f.is_file():
-            raise FileNotFoundError(f"model file not found: {f}")
-    stored = json.loads(config.read_text(encoding="utf-8"))
-    with safe_open(str(weights), framework="pt") as f:
-        embedded = (f.metadata() or {}).get(CONFIG_KEY)  # None: written before configs were embedded
+            raise MissingFileError(f"model file not found: {f}")
+    again = "write it again with the command that made it (nas export, nas train, nas retrain)"
+    try:
+        stored = json.loads(config.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelFileError(f"{config} is not valid JSON ({e}); {again}") from None
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            embedded = (f.metadata() or {}).get(CONFIG_KEY)  # None: written before configs were embedded
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ModelFileError(f"{weights} is unreadable, likely truncated ({e}); {again}") from None
     embedded = None if embedded is None else json.loads(embedded)
     if embedded is not None and embedded != stored:
         changed = sorted(k for k in {**stored, **embedded} if stored.get(k) != embedded.get(k))
         raise ModelFileError(f"{weights} and {config} do not belong together (they differ in {', '.join(changed)}): "
                              "a save into that folder was interrupted; run the command that wrote it again")
-    model = SuperTransformer.from_config(stored)
-    model.load_state_dict(load_file(str(weights)))
+    try:
+        model = SuperTransformer.from_config(stored)
+        model.load_state_dict(tensors)
+    except (TypeError, KeyError, ValueError, RuntimeError) as e:  # a config of no model, weights of another shape
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelFileError(f"{weights} and {config} do not make a model ({first}); {again}") from None
     return model.eval()

@@ -139,12 +139,76 @@ class StackArch:
         return " ".join(cells)
 
 
-_SUMMARY = re.compile(r"(?:C(\d+)\s+)?enc\[([^\]]*)\]\s*dec\[([^\]]*)\]")
-"""An :meth:`Arch.summary` string: an optional model width, then the encoder's and the decoder's layer cells."""
+_EXAMPLE = "e.g. 'enc[128/256 128/256] dec[128/256]' or 'C64 enc[64/256x2 64/256P3,7] dec[64/256u2-swap-seq]'"
+"""Valid :meth:`Arch.summary` strings, shown by every :meth:`Arch.parse` error."""
+_MODEL_WIDTH = re.compile(r"\s*C(\d+)(?!\S)")
+"""The optional model width token of a summary (``C64``), before ``enc[``."""
+_STACK = {name: re.compile(rf"\s*{name}\s*\[([^\[\]]*)\]") for name in ("enc", "dec")}
+"""A stack of a summary: ``enc[<cells>]`` or ``dec[<cells>]`` (group 1: the cells)."""
 _CELL = re.compile(r"(?P<width>\d+)/(?P<ffn>\d+)(?:x(?P<branches>\d+))?(?:p(?P<paths>\d+))?"
                    r"(?:P(?P<kernels>-|\d+(?:,\d+)*))?"
                    r"(?:u(?P<units>\d+)(?:-(?P<bias>" + "|".join(UNIT_BIASES) + r"))?(?P<seq>-seq)?)?")
 """One layer of :meth:`StackArch.summary`."""
+_CELL_FORM = ("'width/ffn_width' with optional xN (branches), pN (paths), P<kernels> or P- (Prime), "
+              "uN[-bias][-seq] (units)")
+
+
+def _first_token(text: str) -> str:
+    """The first whitespace-separated token of ``text`` (for error messages)."""
+    return text.split()[0] if text.split() else ""
+
+
+def _stack_problem(text: str, name: str) -> str:
+    """Why ``text`` (the rest of a summary) does not start with the stack ``name`` (``enc`` or ``dec``)."""
+    rest = text.strip()
+    if not rest:
+        return f"missing '{name}[...]' at the end"
+    if not re.match(rf"{name}\s*\[", rest):
+        return f"expected '{name}[...]' where {_first_token(rest)!r} is"
+    inner = rest[rest.index("[") + 1:]
+    opening = inner.find("[")  # before any ']' (else the stack would have matched)
+    if opening < 0:
+        return f"'{name}[' has no closing ']'"
+    token = _first_token(inner[inner.rfind(" ", 0, opening) + 1:])
+    return f"'{name}[' has no closing ']' before {token!r}"
+
+
+def _cell_problem(cell: str, m: re.Match[str] | None) -> str | None:
+    """Why the layer token ``cell`` (matched by :data:`_CELL`, or None) describes no layer; None when it does."""
+    if m is None:
+        return f"layer {cell!r} is not {_CELL_FORM}"
+    for key, mark, meaning in (("width", "", "width"), ("ffn", "/", "ffn_width"), ("branches", "x", "branches"),
+                               ("paths", "p", "paths"), ("units", "u", "units")):
+        if m[key] is not None and int(m[key]) < 1:
+            return f"layer {cell!r}: {mark}{m[key]} ({meaning}) must be >= 1"
+    kernels = m["kernels"] if m["kernels"] not in (None, "-") else ""
+    if any(int(k) % 2 == 0 for k in kernels.split(",") if k):
+        return f"layer {cell!r}: P{kernels}: kernel sizes must be odd"
+    if m["kernels"] is not None and int(m["paths"] or 1) > 1:
+        return f"layer {cell!r}: p{m['paths']} on a Prime layer (P); a Prime unit has one path"
+    return None
+
+
+def _parse_stack(text: str, name: str, cells: str) -> StackArch:
+    """The stack the space-separated layer tokens ``cells`` (of ``name[...]`` in the summary ``text``) describe."""
+    layers = []
+    for cell in cells.split():
+        m = _CELL.fullmatch(cell)
+        problem = _cell_problem(cell, m)
+        if problem is not None:
+            raise ArchError(f"arch {text!r}: {name}[...] {problem}; {_EXAMPLE}")
+        layers.append(m)
+    if not layers:
+        raise ArchError(f"arch {text!r}: '{name}[]' has no layer; {_EXAMPLE}")
+    return StackArch(
+        width=[int(m["width"]) for m in layers], ffn_width=[int(m["ffn"]) for m in layers],
+        branches=[int(m["branches"] or 1) for m in layers], paths=[int(m["paths"] or 1) for m in layers],
+        layout=["prime" if m["kernels"] is not None else "sequential" for m in layers],
+        kernels=[tuple(int(k) for k in m["kernels"].split(",")) if m["kernels"] not in (None, "-") else ()
+                 for m in layers],
+        units=[int(m["units"] or 1) for m in layers],
+        unit_bias=[m["bias"] or "identity" for m in layers],
+        unit_dependency=["sequential" if m["seq"] else "independent" for m in layers])
 
 
 @dataclass(frozen=True)
@@ -201,42 +265,49 @@ class Arch:
 
     @classmethod
     def parse(cls, text: str) -> "Arch":
-        """The arch a :meth:`summary` string describes (its inverse), or arch JSON (:meth:`from_json`).
+        """The arch a :meth:`summary` string describes (its exact inverse), or arch JSON (:meth:`from_json`,
+        text starting with ``{``). Whitespace around the tokens is ignored.
 
-        Example: ``Arch.parse("enc[128/256 128/256x2] dec[128/512P3,15u2-swap-seq]")``.
+        Example: ``Arch.parse("C64 enc[64/256 64/256x2] dec[64/512P3,15u2-swap-seq]")``.
+
+        Args:
+            text: ``[C<model_width>] enc[<layer> ...] dec[<layer> ...]``, one :meth:`StackArch.summary` token
+                per layer, or the JSON of :meth:`to_json`.
 
         Raises:
-            ArchError: malformed text (quotes the bad part and shows a valid string).
+            ArchError: malformed text or an impossible layer (one line quoting the bad token, with a valid
+                string as example).
         """
+        if not isinstance(text, str):
+            raise ArchError(f"arch {text!r} is not a string; {_EXAMPLE}")
         text = text.strip()
         if text.startswith("{"):
-            return cls.from_json(text)
-        example = "e.g. 'enc[128/256 128/256] dec[128/256]' or 'C64 enc[64/256x2 64/256P3,7] dec[64/256u2-swap-seq]'"
-        whole = _SUMMARY.fullmatch(text)
-        if whole is None:
-            raise ArchError(f"arch {text!r} is not an arch summary ('[C<width> ]enc[<layers>] dec[<layers>]'); {example}")
-        width, stacks = whole.group(1), []
-        for name, cells in (("enc", whole.group(2)), ("dec", whole.group(3))):
-            layers = []
-            for cell in cells.split():
-                m = _CELL.fullmatch(cell)
-                if m is None:
-                    raise ArchError(f"arch {text!r}: {name} layer {cell!r} is not 'width/ffn_width' with optional "
-                                    f"xN (branches), pN (paths), P<kernels> or P- (Prime), uN[-bias][-seq] (units); "
-                                    f"{example}")
-                layers.append(m)
-            if not layers:
-                raise ArchError(f"arch {text!r}: {name}[] has no layer; {example}")
-            stacks.append(StackArch(
-                width=[int(m["width"]) for m in layers], ffn_width=[int(m["ffn"]) for m in layers],
-                branches=[int(m["branches"] or 1) for m in layers], paths=[int(m["paths"] or 1) for m in layers],
-                layout=["prime" if m["kernels"] is not None else "sequential" for m in layers],
-                kernels=[tuple(int(k) for k in m["kernels"].split(",")) if m["kernels"] not in (None, "-") else ()
-                         for m in layers],
-                units=[int(m["units"] or 1) for m in layers],
-                unit_bias=[m["bias"] or "identity" for m in layers],
-                unit_dependency=["sequential" if m["seq"] else "independent" for m in layers]))
-        return cls(stacks[0], stacks[1], model_width=int(width) if width else None)
+            try:
+                return cls.from_json(text)
+            except json.JSONDecodeError as e:
+                raise ArchError(f"arch JSON {text[:80]!r} is malformed: {e.msg} at character {e.pos}; "
+                                f"expected Arch.to_json() output or a summary, {_EXAMPLE}") from None
+            except ArchError:
+                raise
+            except (TypeError, ValueError) as e:  # e.g. a width that is not a number
+                raise ArchError(f"arch JSON {text[:80]!r} holds a bad value: {e}; expected Arch.to_json() output "
+                                f"or a summary, {_EXAMPLE}") from None
+        if not text:
+            raise ArchError(f"arch '' is empty; {_EXAMPLE}")
+        pos, model_width = 0, None
+        if (m := _MODEL_WIDTH.match(text)) is not None:
+            pos, model_width = m.end(), int(m.group(1))
+            if model_width < 1:
+                raise ArchError(f"arch {text!r}: model width 'C{m.group(1)}' must be >= 1; {_EXAMPLE}")
+        stacks = []
+        for name in ("enc", "dec"):
+            if (m := _STACK[name].match(text, pos)) is None:
+                raise ArchError(f"arch {text!r}: {_stack_problem(text[pos:], name)}; {_EXAMPLE}")
+            stacks.append(_parse_stack(text, name, m.group(1)))
+            pos = m.end()
+        if text[pos:].strip():
+            raise ArchError(f"arch {text!r}: unexpected {_first_token(text[pos:])!r} after 'dec[...]'; {_EXAMPLE}")
+        return cls(stacks[0], stacks[1], model_width=model_width)
 
     def summary(self) -> str:
         """Readable one-liner, e.g. ``enc[128/512x2 64/256p2] dec[128/512]`` (``C64 enc[...]`` with a model width);

@@ -457,11 +457,15 @@ class SearchSpace:
         return total
 
     def describe(self) -> list[tuple[str, str, str]]:
-        """(dimension, choices, scope) rows for ``nas space show``."""
+        """(dimension, choices, scope) rows for ``nas space show``: the YAML's ``space.*`` dimensions and the depths.
+        ``unit_bias`` is left out: it is the training setting ``train.unit_bias`` (the validator refuses
+        ``space.unit_bias``), held here as a one-value dimension only so that sampled archs carry it."""
         rows = [] if self.model_widths == (None,) else \
             [("model_width", str(list(self.model_widths)), "per sub-Transformer (type 1, eq. 3 projections)")]
         rows += [(f"{s}.layers", str(list(self.layers[s])), "per stack") for s in ("encoder", "decoder")]
         for name in ORDER:
+            if name == "unit_bias":
+                continue
             if name in self.tie:
                 rows.append((name, f"{self.tie[name]} x model_width" if self.tie[name] != 1 else "model_width", "tied"))
                 continue

@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param, ViewType
 from mlflow.tracking import MlflowClient
 
 from nas import faults
-from nas.errors import NotFoundError
+from nas.errors import NasError, NotFoundError
 from nas.redact import redact_url
 from nas.tracking.layout import STAGE_NAMES, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID, tracking_uri
 
@@ -358,47 +358,81 @@ def find_runs(
 
 
 _HEX = frozenset("0123456789abcdef")
+RUN_ID_LENGTH = 32
+"""Hex digits of an MLflow run id (a UUID4 without dashes)."""
+MIN_PREFIX_LENGTH = 4
+"""The fewest hex digits :func:`resolve_run_id` matches (the leaderboard prints 8)."""
+_PREFIX_PAGE_SIZE = 50_000
+"""Runs per ``search_runs`` page when matching a prefix (the SQL store's largest page)."""
+_SHOWN_MATCHES = 5
+"""Matching runs an ambiguous prefix's error lists."""
+
+
+def _runs_with_prefix(client: MlflowClient, prefix: str) -> list[mlflow.entities.Run]:
+    """The active runs, in every active experiment, whose id starts with ``prefix`` (paging through both)."""
+    matches: list[mlflow.entities.Run] = []
+    experiments, token = [], None
+    while True:
+        page = client.search_experiments(view_type=ViewType.ACTIVE_ONLY, page_token=token)
+        experiments += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            break
+    for exp_id in experiments:
+        token = None
+        while True:
+            page = client.search_runs([exp_id], "", ViewType.ACTIVE_ONLY, _PREFIX_PAGE_SIZE, page_token=token)
+            matches += [run for run in page if run.info.run_id.startswith(prefix)]
+            token = page.token
+            if not token:
+                break
+    return sorted(matches, key=lambda run: run.info.run_id)
 
 
 def resolve_run_id(prefix: str, *, client: MlflowClient | None = None) -> mlflow.entities.Run:
     """The MLflow run whose id is ``prefix`` or starts with it, as git resolves a short commit id: the leaderboard's
     8-character ids work wherever a run id is asked for.
 
-    A full 32-character id is read directly; a shorter one is matched against the runs of every active experiment
-    (one paged search per experiment).
+    A full 32-character id is read directly (``client.get_run``); a shorter one (at least
+    :data:`MIN_PREFIX_LENGTH` hex digits, any case) is matched against the active runs of every active experiment
+    (paged searches, 50,000 runs a page).
+
+    Args:
+        prefix: a run id or the first characters of one.
+        client: the MLflow client to ask; default :func:`get_client` (:func:`tracking_uri`).
 
     Raises:
-        NotFoundError: no run id starts with ``prefix`` (names the tracking URI, password masked).
-        NasError: ``prefix`` is empty or not hexadecimal, or several runs match (lists up to 5 with their
-            ``nas.role`` and names: pass more characters).
+        NotFoundError: no run id is or starts with ``prefix`` (names the tracking URI, password masked, and
+            ``nas leaderboard``).
+        NasError: ``prefix`` is not hexadecimal, is shorter than 4 or longer than 32 characters, or several runs
+            match (lists up to 5 with their ``nas.role`` tag and run names: pass more characters).
+        mlflow.MlflowException: the tracking server failed or could not be reached.
     """
-    from nas.errors import NasError
-
     text = str(prefix).strip().lower()
     if not text or not set(text) <= _HEX:
         raise NasError(f"run id {prefix!r} is not a hexadecimal MLflow run id (or a prefix of one, as "
                        f"`nas leaderboard` prints them)")
+    if len(text) < MIN_PREFIX_LENGTH:
+        raise NasError(f"run id prefix {prefix!r} is too short: give at least {MIN_PREFIX_LENGTH} hex digits "
+                       f"(`nas leaderboard` prints 8)")
+    if len(text) > RUN_ID_LENGTH:
+        raise NasError(f"run id {prefix!r} has {len(text)} hex digits; an MLflow run id has {RUN_ID_LENGTH}")
     client = client or get_client()
-    where = redact_url(tracking_uri())
-    if len(text) == 32:
+    where = redact_url(getattr(client, "tracking_uri", None) or tracking_uri())
+    if len(text) == RUN_ID_LENGTH:
         try:
             return client.get_run(text)
-        except mlflow.MlflowException:
+        except mlflow.MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
             raise NotFoundError(f"no MLflow run {text} at {where}; list runs with `nas leaderboard`") from None
-    matches: list[mlflow.entities.Run] = []
-    for experiment in client.search_experiments(view_type=ViewType.ACTIVE_ONLY):
-        token = None
-        while True:
-            page = client.search_runs([experiment.experiment_id], "", ViewType.ACTIVE_ONLY, 50_000, page_token=token)
-            matches += [run for run in page if run.info.run_id.startswith(text)]
-            token = page.token
-            if not token:
-                break
+    matches = _runs_with_prefix(client, text)
     if not matches:
         raise NotFoundError(f"no MLflow run id starts with {text!r} at {where}; list runs with `nas leaderboard`")
     if len(matches) > 1:
         shown = ", ".join(f"{r.info.run_id} ({r.data.tags.get(TAG_ROLE, 'no role')} {r.info.run_name})"
-                          for r in matches[:5])
-        more = f" and {len(matches) - 5} more" if len(matches) > 5 else ""
-        raise NasError(f"run id prefix {text!r} matches {len(matches)} runs: {shown}{more}; pass more characters")
+                          for r in matches[:_SHOWN_MATCHES])
+        more = f" and {len(matches) - _SHOWN_MATCHES} more" if len(matches) > _SHOWN_MATCHES else ""
+        raise NasError(f"run id prefix {text!r} matches {len(matches)} runs at {where}: {shown}{more}; "
+                       f"pass more characters")
     return matches[0]

@@ -125,7 +125,8 @@ def test_size_with_per_stack_choices_counts_one_choice_per_stack():
     assert space.size() == per_stack ** 2
 
 
-def test_describe_lists_each_dimension_with_its_scope():
+def test_describe_lists_each_dimension_with_its_scope_and_no_unit_bias():
+    """unit_bias is train.unit_bias, no space dimension (the validator refuses space.unit_bias): not listed."""
     space, _ = make_space(MIXED)
     assert space.describe() == [
         ("encoder.layers", "[1, 2, 3]", "per stack"),
@@ -137,7 +138,6 @@ def test_describe_lists_each_dimension_with_its_scope():
         ("branches", "[1, 2, 3]", "per layer"),
         ("paths", "[1]", "per stack"),
         ("kernels", "[[]]", "per stack"),
-        ("unit_bias", "['identity']", "per stack"),
         ("unit_dependency", "['independent']", "per stack"),
     ]
 
