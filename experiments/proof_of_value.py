@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import gzip
 import json
 import os
 import statistics
@@ -58,6 +57,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from experiments.search_value import _lines, _read, _write  # noqa: E402 (the first protocol's JSON and corpus readers)
 
 PHASES = ("supernet", "search", "baselines", "latency", "retrain", "report")
 DEFAULT_ORDER = ("supernet", "search", "baselines", "latency", "retrain", "latency", "report")
@@ -101,25 +102,6 @@ SMOKE_TEST_PAIRS = 40
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _write(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _read(path: Path) -> Any | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _lines(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [line.rstrip("\n") for line in f]
 
 
 def _rel(path: Path) -> str:

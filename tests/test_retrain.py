@@ -21,6 +21,7 @@ from nas import tracking
 from nas.cli import app
 from nas.space.arch import Arch, StackArch
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
+from tests.tracking.test_run_prefix import planted_ids  # noqa: F401 (fixture)
 from tests.tracking.test_tracking import empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -171,13 +172,14 @@ def test_a_killed_retrain_resumes_to_the_weights_of_an_uninterrupted_one(multi30
 
 @pytest.mark.parametrize("case", ["unknown", "parent", "ambiguous", "retrain_run", "two_sources", "no_source",
                                   "bad_arch", "unbuildable_arch"])
-def test_bad_input_is_one_line_and_writes_nothing(swept, tmp_path, case):
+def test_bad_input_is_one_line_and_writes_nothing(swept, tmp_path, planted_ids, case):
     spec_file, spec, parent, trial = swept
     out = tmp_path / "never"
-    if case == "ambiguous":  # 17 runs: two share a first hex digit (pigeonhole)
-        ids = [tracking.start_run("tiny", f"filler-{i}", role="export") for i in range(16)] + [trial]
-        first = [i[0] for i in ids]
-        prefix = next(c for c in first if first.count(c) > 1)
+    if case == "ambiguous":  # two real runs whose ids the store was made to start with beef1 / beef2
+        planted_ids("beef1", "beef2")
+        for name in ("t1", "t2"):
+            tracking.end_run(tracking.start_run("tiny", name, role="trial", parent_run_id=parent))
+        prefix = "beef"
     if case == "retrain_run":
         other = tracking.start_run("tiny", "rt", role="retrain")
         tracking.end_run(other)

@@ -287,10 +287,8 @@ class Arch:
             except json.JSONDecodeError as e:
                 raise ArchError(f"arch JSON {text[:80]!r} is malformed: {e.msg} at character {e.pos}; "
                                 f"expected Arch.to_json() output or a summary, {_EXAMPLE}") from None
-            except ArchError:
-                raise
-            except (TypeError, ValueError) as e:  # e.g. a width that is not a number
-                raise ArchError(f"arch JSON {text[:80]!r} holds a bad value: {e}; expected Arch.to_json() output "
+            except (TypeError, ValueError) as e:  # ArchError (a missing key, a width < 1) or a width not a number
+                raise ArchError(f"arch JSON {text[:80]!r}: {e}; expected Arch.to_json() output "
                                 f"or a summary, {_EXAMPLE}") from None
         if not text:
             raise ArchError(f"arch '' is empty; {_EXAMPLE}")
