@@ -506,10 +506,10 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
         _fail(f"cannot export run {run_id}: {e}")
     if files.source == "mlflow":
         out.print(f"read the supernet from MLflow run {files.run_id} (not on this machine)", highlight=False)
-    if chosen is None and not retrained:  # --run-id of a trial: say when it breaks its sweep's constraints
-        _warn_infeasible(tracking, run)
     if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
         _check_ctranslate2(arch, files.supernet_dir / ("model.json" if retrained else "supernet.json"))
+    if chosen is None and not retrained:  # --run-id of a trial: say when it breaks its sweep's constraints
+        _warn_infeasible(tracking, run)
     provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
                   "sweep_id": tags.get("nas.sweep_id")}
     try:

@@ -123,9 +123,9 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_whole(t
 
     import torch
 
-    code = ("import torch\nfrom pathlib import Path\nfrom trainers.loop import _save_checkpoint\n"
-            "p = Path('checkpoint.pt')\n_save_checkpoint(p, {'step': 1, 'w': torch.ones(3)})\n"
-            "_save_checkpoint(p, {'step': 2, 'w': torch.zeros(3)})\n")
+    code = ("import torch\nfrom pathlib import Path\nfrom trainers.engine import save_checkpoint\n"
+            "p = Path('checkpoint.pt')\nsave_checkpoint(p, {'step': 1, 'w': torch.ones(3)})\n"
+            "save_checkpoint(p, {'step': 2, 'w': torch.zeros(3)})\n")
     proc = _python(code, tmp_path, NAS_TEST_KILL="checkpoint_write:2", NAS_TEST_KILL_LOG=str(tmp_path / "k.log"))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     state = torch.load(tmp_path / "checkpoint.pt")
