@@ -58,7 +58,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from experiments.search_value import _lines, _read, _write  # noqa: E402 (the first protocol's JSON and corpus readers)
+from experiments.search_value import _lines, _read, _write, hypervolume  # noqa: E402 (the first protocol's readers and front measure)
 
 PHASES = ("supernet", "search", "baselines", "latency", "retrain", "report")
 DEFAULT_ORDER = ("supernet", "search", "baselines", "latency", "retrain", "latency", "report")
@@ -451,18 +451,6 @@ def _inherited_test(spec, data, arch, smoke: bool) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- report (pure: JSON in, text out)
-
-
-def hypervolume(points: Sequence[tuple[float, float]], ref_latency: float, ref_bleu: float = 0.0) -> float:
-    """Area (BLEU x ms) dominated by ``(bleu, latency_ms)`` points, BLEU maximised and latency minimised, inside
-    the box ``bleu >= ref_bleu``, ``latency <= ref_latency`` (Zitzler & Thiele 1998); points outside add nothing."""
-    inside = sorted((lat, b) for b, lat in points if lat <= ref_latency and b >= ref_bleu)
-    area, best = 0.0, ref_bleu
-    for lat, b in inside:  # by latency: each point adds the strip of BLEU it raises, up to the reference latency
-        if b > best:
-            area += (b - best) * (ref_latency - lat)
-            best = b
-    return area
 
 
 def dominates(a: dict[str, Any], b: dict[str, Any], bleu: str = "test_bleu") -> bool:
