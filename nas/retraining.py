@@ -124,7 +124,7 @@ def _check_arch_builds(spec: SweepSpec, arch: Arch) -> None:
 
 def _resolve_source(spec: SweepSpec, run_id: str | None, best: bool, arch: str | Arch | None, *,
                     experiment: str | None, metric: str, where: Sequence[str], include_infeasible: bool) -> _Source:
-    if sum(x is not None and x is not False for x in (run_id, best or None, arch)) != 1:
+    if (run_id is not None) + bool(best) + (arch is not None) != 1:
         raise NasError("pass exactly one of --run-id ID, --best or --arch ARCH")
     if arch is not None:
         arch = arch if isinstance(arch, Arch) else parse_arch(arch)
@@ -253,8 +253,8 @@ def _retrain_locked(spec: SweepSpec, source: _Source, recipe: dict[str, Any], su
     atomic_write_text(out_dir / MARKER, json.dumps(marker, indent=2))
     experiment = (tracking.get_client().get_experiment(source.run.info.experiment_id).name
                   if source.run is not None else spec.experiment)
-    finished = [r for r in tracking.find_tagged_runs(experiment, {tracking.TAG_ROLE: "retrain",
-                                                                  tracking.TAG_RETRAIN_DIR: str(out_dir.resolve())})]
+    finished = tracking.find_tagged_runs(experiment, {tracking.TAG_ROLE: "retrain",
+                                                      tracking.TAG_RETRAIN_DIR: str(out_dir.resolve())})
     done = next((r for r in finished if r.info.status == "FINISHED"), None)
     if done is not None and (out_dir / METRICS).is_file():  # already retrained: nothing to do
         return RetrainResult(out_dir, source.arch, done.info.run_id,

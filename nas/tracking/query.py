@@ -25,7 +25,7 @@ from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comp
 from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SOURCE_RUN, TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
 from nas.tracking.rows import LOWER_IS_BETTER, ROW_METRICS, LeaderboardRow
-from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
+from nas.tracking.runs import PAGE_SIZE, experiment_id, find_tagged_runs, get_client, tag_filter
 from nas.tracking.sweeps import constraints_by_sweep, describe_constraints
 
 __all__ = ["LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
@@ -339,23 +339,14 @@ def with_retrained(experiment: str, rows: Sequence[LeaderboardRow]) -> list[Lead
     """
     if not rows:
         return list(rows)
-    client = get_client()
-    exp_id = experiment_id(client, experiment)
+    experiment_id(get_client(), experiment)  # NotFoundError for an unknown experiment
     wanted = {r.run_id for r in rows}
     newest: dict[str, mlflow.entities.Run] = {}
-    token = None
-    while True:
-        page = client.search_runs([exp_id], " AND ".join(tag_filter(**{TAG_ROLE: "retrain"})
-                                                         + ["attributes.status = 'FINISHED'"]),
-                                  ViewType.ACTIVE_ONLY, PAGE_SIZE, order_by=["attributes.end_time ASC"],
-                                  page_token=token)
-        for run in page:  # oldest first: the newest retrain of a trial wins
-            source = run.data.tags.get(TAG_SOURCE_RUN)
-            if source in wanted:
-                newest[source] = run
-        token = page.token
-        if not token:
-            break
+    for run in sorted(find_tagged_runs(experiment, {TAG_ROLE: "retrain"}, status="FINISHED"),
+                      key=lambda r: r.info.end_time or 0):  # oldest end first: the newest retrain of a trial wins
+        source = run.data.tags.get(TAG_SOURCE_RUN)
+        if source in wanted:
+            newest[source] = run
     out = []
     for row in rows:
         run = newest.get(row.run_id)
