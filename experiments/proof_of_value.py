@@ -60,7 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 from experiments.search_value import _lines, _read, _write, hypervolume  # noqa: E402 (the first protocol's readers and front measure)
 
-PHASES = ("supernet", "search", "baselines", "latency", "retrain", "report")
+PHASES = ("supernet", "search", "baselines", "latency", "retrain", "report", "gpu_plan", "gpu_report")
 DEFAULT_ORDER = ("supernet", "search", "baselines", "latency", "retrain", "latency", "report")
 YAML = ROOT / "search_spaces" / "quickstart_depth.yaml"
 DATA = ROOT.parent / "shared" / "data" / "multi30k"
@@ -598,6 +598,11 @@ def phase_report(out: Path) -> dict[str, Any]:
                "not_found": missing, "search": {k: search.get(k) for k in ("sweep_id", "method", "trials_completed",
                                                                          "trials_failed", "wall_seconds")},
                "smoke": bool((_read(out / "supernet.json") or {}).get("smoke"))}
+    ran = _read(out / "results_gpu.json") if out.name == "gpu" else None
+    if ran is not None:
+        done = [m for m in ran["models"] if not m.get("failed")]
+        results["gpu"] = {"steps": max((m["steps"] for m in done), default=0),
+                          "device": done[0]["device"] if done else "-", "failed": len(ran["models"]) - len(done)}
     _write(out / "results.json", results)
     (out / "results.md").write_text(markdown(results), encoding="utf-8")
     if rows:
@@ -608,7 +613,7 @@ def phase_report(out: Path) -> dict[str, Any]:
 def _table_row(r: dict[str, Any]) -> dict[str, Any]:
     keys = ("key", "kind", "label", "budget", "init", "seed", "arch_summary", "params_m", "latency_ms",
             "latency_ms_retrain", "latency_quiet", "latency_ratio_tiny", "bleu", "chrf", "valid_loss", "test_bleu",
-            "test_chrf", "inherited_test_bleu", "train_flops", "train_seconds", "wall_seconds", "out_dir")
+            "test_chrf", "test_bleu_lc", "steps_done", "inherited_test_bleu", "train_flops", "train_seconds", "wall_seconds", "out_dir")
     return {k: r.get(k) for k in keys}
 
 
@@ -637,19 +642,30 @@ def markdown(results: dict[str, Any]) -> str:
     lines = ["# Proof of value: HAT's pipeline on search_spaces/quickstart_depth.yaml", ""]
     if results.get("smoke"):
         lines += ["**Smoke run: a few steps on 300 pairs; the numbers mean nothing.**", ""]
+    if results.get("gpu"):
+        g = results["gpu"]
+        lines += [f"**GPU protocol** (`experiments/proof_of_value_gpu.py`): the archs found on the CPU, every final "
+                  f"model trained for up to {g['steps']} updates on one {g['device']}, all at once as parallel "
+                  f"processes; steps each model reached in the table. Latencies are the CPU's (one thread, quiet). "
+                  f"Seconds mix devices (supernet and search on the 2-core CPU, retraining on the GPU): compare "
+                  f"FLOPs. test2016 lc = sacrebleu lowercased BLEU (13a), the nearest to Wu et al.'s tokenized "
+                  f"lowercased 41.02 for Transformer-Tiny.", ""]
     lines += ["test2016 = Multi30k test_2016_flickr (sacrebleu on raw text); valid = the validation set. Latency: the "
               "YAML's fixed workload, one thread, timed quietly one model at a time (`*`: not timed quietly, the "
               "retrain's own). Ratio: to Transformer-Tiny (seed mean).", "",
               "| model | budget | init | seed | arch | params (M) | latency (ms) | ratio | test2016 BLEU "
-              "| test2016 chrF | valid BLEU | valid chrF | train TFLOP | train s |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| test2016 chrF | valid BLEU | valid chrF | train TFLOP | train s |" + (
+                  " steps | test2016 lc | inherited test2016 |" if results.get("gpu") else ""),
+              "| --- " * (17 if results.get("gpu") else 14) + "|"]
     for r in results["models"]:
         label = r["label"] if r["kind"] == "baseline" else "searched"
         star = "" if r["latency_quiet"] else "*"
         lines.append(f"| {label} | {r['budget'] or '-'} | {r['init']} | {r['seed']} | `{r['arch_summary']}` | "
                      f"{_f(r['params_m'])} | {_f(r['latency_ms'], '.1f')}{star} | {_f(r['latency_ratio_tiny'])} | "
                      f"{_f(r['test_bleu'])} | {_f(r['test_chrf'])} | {_f(r['bleu'])} | {_f(r['chrf'])} | "
-                     f"{_f(r['train_flops'] and r['train_flops'] / 1e12, '.1f')} | {_f(r['train_seconds'], '.0f')} |")
+                     f"{_f(r['train_flops'] and r['train_flops'] / 1e12, '.1f')} | {_f(r['train_seconds'], '.0f')} |"
+                     + (f" {r['steps_done']} | {_f(r['test_bleu_lc'])} | {_f(r['inherited_test_bleu'])} |"
+                        if results.get("gpu") else ""))
     for m in results.get("not_found", []):
         lines.append(f"\nNo trial within the {m['budget']} budget ({m['budget_ms']:.1f} ms) for {m['init']} seed "
                      f"{m['seed']}: {m['reason']}")
@@ -751,6 +767,170 @@ def _plot(sets: dict[str, list[dict[str, Any]]], tiny_ms: float | None) -> bytes
     return buf.getvalue()
 
 
+# --------------------------------------------------------------------------- the GPU protocol
+
+
+GPU_STEPS = 8000
+"""Transformer-Tiny's full budget (Wu et al., ACL 2021): updates of ``retrain.max_tokens`` tokens on the GPU."""
+GPU_CHECKPOINT_EVERY = 200
+GPU_AVERAGE_LAST = 5
+"""The newest 5 of the snapshots every 200 steps are averaged: the last 1,000 updates, about the last 5 epochs of
+Multi30k at 4,096 tokens a batch (fairseq's epoch checkpoints, averaged as Wu et al. do)."""
+CARRY = ROOT / ".povgpu"
+"""What travels to the GPU machine (ignored by git): plan, YAML, data, the data cache and the supernet."""
+
+
+def _fresh_model(spec, data, arch):
+    from nas.model.supernet import SuperTransformer
+    from nas.retraining import _arch_config
+
+    return SuperTransformer.from_config(_arch_config(spec, data.vocab_size, arch)).eval()
+
+
+def phase_gpu_plan(work: Path, out: Path, smoke: bool) -> None:
+    """Time every baseline arch and every trial's arch quietly (fresh weights: ``latency_ms`` is a function of the
+    arch and the device alone), pick the best trial by inherited validation BLEU under each budget of
+    :data:`BUDGETS`, and write ``gpu/plan.json`` (committed) and :data:`CARRY` (what the GPU machine needs) for
+    ``experiments/proof_of_value_gpu.py``. ``gpu/latency_archs.json`` keeps the timings (3 interleaved rounds, the
+    median; one thread; nothing else running)."""
+    import shutil
+
+    import yaml
+
+    from nas.eval.latency import measure_fixed_latency
+    from nas.eval.measure_lock import MeasureLock
+    from nas.space.arch import Arch
+    from nas.space.predictor_file import workload_of
+
+    search = _read(out / "search.json")
+    (out / "gpu").mkdir(parents=True, exist_ok=True)
+    if search is None:
+        print("gpu_plan: no search.json (run --phase supernet search first); skipped", file=sys.stderr, flush=True)
+        return
+    spec, yaml_path, data = _context(work, smoke)
+    gpu = out / "gpu"
+    archs = {baseline_arch(k).arch_id: baseline_arch(k) for k in BASELINES}
+    trials = [t for t in search["trials"] if t.get("bleu") is not None]
+    for t in trials:
+        archs.setdefault(t["arch_id"], Arch.from_dict(t["arch"]))
+    workload, repeats = workload_of(spec.search), spec.search.latency_repeats
+    timed = _read(gpu / "latency_archs.json") or {}
+    if set(timed.get("by_arch", {})) != set(archs) or timed.get("repeats") != repeats:
+        lock = MeasureLock()
+        models = {a: _fresh_model(spec, data, arch) for a, arch in sorted(archs.items())}
+        rounds: dict[str, list[float]] = {a: [] for a in models}
+        for i in range(LATENCY_ROUNDS):
+            for a, m in models.items():
+                rounds[a].append(measure_fixed_latency(
+                    m, None, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
+                    beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats, threads=1, lock=lock))
+            print(f"gpu_plan latency round {i + 1}/{LATENCY_ROUNDS}: {len(models)} archs", file=sys.stderr,
+                  flush=True)
+        timed = {"by_arch": {a: {"latency_ms": statistics.median(v), "rounds_ms": v, "summary": archs[a].summary()}
+                             for a, v in rounds.items()},
+                 "threads": 1, "workload": workload, "repeats": repeats, "rounds": LATENCY_ROUNDS,
+                 "weights": "fresh (latency does not depend on them)"}
+        _write(gpu / "latency_archs.json", timed)
+    ms = {a: v["latency_ms"] for a, v in timed["by_arch"].items()}
+    budgets = {k: ms[baseline_arch(k).arch_id] for k in BASELINES}
+    budgets["half_tiny"] = budgets[REFERENCE] / 2
+    models: list[dict[str, Any]] = []
+    for key, (label, *_, seeds) in BASELINES.items():
+        arch = baseline_arch(key)
+        models += [{"key": f"baselines/{key}_seed{s}", "kind": "baseline", "name": key, "label": label, "seed": s,
+                    "init": "scratch", "arch": arch.to_dict(), "arch_id": arch.arch_id,
+                    "arch_summary": arch.summary(), "latency_ms": ms[arch.arch_id]} for s in seeds]
+    picks, trained = {}, {}
+    for budget, runs in BUDGETS.items():
+        within = [t for t in trials if ms[t["arch_id"]] <= budgets[budget]]
+        if not within:
+            picks[budget] = {"budget_ms": budgets[budget], "found": False}
+            continue
+        best = max(within, key=lambda t: (t["bleu"], -ms[t["arch_id"]]))
+        picks[budget] = {"budget_ms": budgets[budget], "found": True, "trial": best["number"],
+                         "arch_summary": best["arch_summary"], "arch_id": best["arch_id"], "bleu": best["bleu"],
+                         "latency_ms": ms[best["arch_id"]]}
+        for init, seed in runs:
+            same = trained.get((best["arch_id"], init, seed))
+            if same is not None:  # another budget chose the same trial: trained once, reported for both
+                same["budgets"].append(budget)
+                continue
+            entry = {"key": f"searched/{budget}_{init}_seed{seed}", "kind": "searched", "budget": budget,
+                     "budgets": [budget], "budget_ms": budgets[budget], "init": init, "seed": seed,
+                     "arch": archs[best["arch_id"]].to_dict(), "arch_id": best["arch_id"],
+                     "arch_summary": best["arch_summary"], "latency_ms": ms[best["arch_id"]],
+                     "trial": {k: best.get(k) for k in ("number", "bleu", "chrf", "latency_ms", "params_m")}}
+            trained[(best["arch_id"], init, seed)] = entry
+            models.append(entry)
+    # what travels: the data (relative paths), its cache, the YAML, the supernet
+    if CARRY.exists():
+        shutil.rmtree(CARRY)  # ours: written only by this phase (ignored by git)
+    (CARRY / "data").mkdir(parents=True)
+    for name in ("train.en.gz", "train.de.gz", "val.en.gz", "val.de.gz", *TEST):
+        shutil.copyfile(DATA / name, CARRY / "data" / name)
+    raw = yaml.safe_load(Path(yaml_path).read_text(encoding="utf-8"))
+    for split, (src, tgt) in {"train": ("train.en.gz", "train.de.gz"), "valid": ("val.en.gz", "val.de.gz")}.items():
+        raw["data"][split] = {"src": f".povgpu/data/{src}", "tgt": f".povgpu/data/{tgt}"}
+    raw["data"]["cache_dir"] = ".povgpu/cache"
+    raw["workdir"] = ".povgpu/runs"
+    (CARRY / "sweep.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    shutil.copytree(Path(spec.data.cache_dir), CARRY / "cache")
+    shutil.copytree(spec.run_dir / "supernet", CARRY / "supernet")
+    plan = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "yaml": ".povgpu/sweep.yaml",
+            "supernet_dir": ".povgpu/supernet", "test": [f".povgpu/data/{n}" for n in TEST],
+            "steps": 4 if smoke else GPU_STEPS, "checkpoint_every": 2 if smoke else GPU_CHECKPOINT_EVERY,
+            "average_last": GPU_AVERAGE_LAST, "budgets_ms": budgets, "picks": picks, "models": models}
+    (CARRY / "plan.json").write_text(json.dumps(plan, indent=2), encoding="utf-8")
+    _write(gpu / "plan.json", plan)
+    for budget, p in picks.items():
+        print(f"gpu_plan {budget} (<= {p['budget_ms']:.1f} ms): "
+              f"{p.get('arch_summary', 'none')} {_f(p.get('latency_ms'), '.1f')} ms", file=sys.stderr, flush=True)
+
+
+def phase_gpu_report(work: Path, out: Path, smoke: bool) -> None:
+    """``gpu/results_gpu.json`` (the GPU run's ``<out>/results.json``, copied) -> one JSON per final model in the CPU protocol's
+    layout under ``gpu/``, then :func:`phase_report` of ``gpu/`` (latencies: ``gpu/latency_archs.json``)."""
+    gpu = out / "gpu"
+    plan, ran = _read(gpu / "plan.json"), _read(gpu / "results_gpu.json")
+    if plan is None or ran is None:
+        print("gpu_report: gpu/plan.json or gpu/results_gpu.json missing; skipped", file=sys.stderr, flush=True)
+        return
+    spec, _, data = _context(work, smoke)
+    from nas.space.arch import Arch
+
+    quiet = {}
+    for folder in ("baselines", "searched"):
+        (gpu / folder).mkdir(parents=True, exist_ok=True)
+    for row in ran["models"]:
+        if row.get("failed"):
+            continue
+        arch = Arch.from_dict(row["arch"])
+        common = {**row, "out_dir": f"gpu:{row['key']}", "latency_ms": row["latency_ms"],
+                  "train_flops": _retrain_flops(spec, data, arch, int(row["steps_done"]))}
+        if row["kind"] == "baseline":
+            _write(gpu / f"{row['key']}.json", common)
+            quiet[row["key"]] = row["latency_ms"]
+            continue
+        for budget in row["budgets"]:  # one training, reported under each budget that chose it
+            key = f"searched/{budget}_{row['init']}_seed{row['seed']}"
+            _write(gpu / f"{key}.json", {**common, "budget": budget, "budget_ms": plan["budgets_ms"][budget],
+                                         "found": True})
+            quiet[key] = row["latency_ms"]
+    for budget, p in plan["picks"].items():
+        if not p["found"]:
+            for init, seed in BUDGETS[budget]:
+                _write(gpu / "searched" / f"{budget}_{init}_seed{seed}.json",
+                       {"budget": budget, "budget_ms": p["budget_ms"], "init": init, "seed": seed, "found": False,
+                        "reason": "no trial of the search within this latency"})
+    ref = reference_ms(quiet)
+    _write(gpu / "latency_quiet.json", {"latency_ms": quiet, "reference": REFERENCE, "reference_ms": ref,
+                                        "source": "gpu/latency_archs.json (CPU, one thread, fresh weights)"})
+    for name in ("supernet.json", "search.json"):
+        if (out / name).is_file():
+            (gpu / name).write_bytes((out / name).read_bytes())
+    phase_report(gpu)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -768,7 +948,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{(work / 'mlflow.db').resolve()}")
     run = {"supernet": phase_supernet, "search": phase_search, "baselines": phase_baselines,
-           "latency": phase_latency, "retrain": phase_retrain}
+           "latency": phase_latency, "retrain": phase_retrain, "gpu_plan": phase_gpu_plan,
+           "gpu_report": phase_gpu_report}
     for phase in args.phase:
         t0 = time.perf_counter()
         if phase == "report":
