@@ -6,10 +6,12 @@ Optuna through Ray Tune, tracked in MLflow. The public API (lazily loaded, PEP 5
 
     import nas
     spec = nas.load_spec("search_spaces/quickstart.yaml")
-    nas.sweep("search_spaces/quickstart.yaml")
-    nas.train(spec)
-    nas.retrain(spec, best=True)                 # the best trial, trained alone with the retrain: recipe
+    nas.sweep("search_spaces/quickstart.yaml", overrides={"search.trials": 4})
+    nas.leaderboard(top=5)                       # a pandas DataFrame, best first
+    done = nas.retrain(spec, best=True)          # the best trial, trained alone with the retrain: recipe
+    nas.export("exported/", run_id=done.run_id)  # also nas.export("exported/", best=True)
     nas.translate("exported/", ["A man is riding a bike ."])
+    nas.train(spec)                              # the supernet alone
 
 The packages, bottom layer first (each imports only from the layers before it; the test
 ``tests/test_architecture.py`` checks this):
@@ -29,17 +31,25 @@ The packages, bottom layer first (each imports only from the layers before it; t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from nas.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from nas.api import load_export, load_spec, retrain, sweep, train, translate
+    from nas import export
+    from nas.api import leaderboard, load_export, load_spec, retrain, sweep, train, translate
     from nas.errors import NasError
 
-__all__ = ["load_spec", "sweep", "train", "retrain", "load_export", "translate", "NasError"]
+__all__ = ["load_spec", "sweep", "train", "retrain", "leaderboard", "export", "load_export", "translate", "NasError"]
 
-_HOMES = {"load_spec": "api", "sweep": "api", "train": "api", "retrain": "api", "load_export": "api", "translate": "api",
-          "NasError": "errors"}
+_HOMES = {"load_spec": "api", "sweep": "api", "train": "api", "retrain": "api", "leaderboard": "api",
+          "load_export": "api", "translate": "api", "NasError": "errors"}
 
-__getattr__, __dir__ = lazy_exports(globals(), _HOMES)
+_lazy_getattr, __dir__ = lazy_exports(globals(), _HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "export":  # the package, callable: nas.export(out_dir, ...) is nas.export.trial.export_trial
+        return importlib.import_module("nas.export")
+    return _lazy_getattr(name)

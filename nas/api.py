@@ -3,11 +3,16 @@
     import nas
 
     spec = nas.load_spec("search_spaces/quickstart.yaml")
-    result = nas.sweep("search_spaces/quickstart.yaml")        # = nas sweep FILE
-    trained = nas.train("search_spaces/quickstart.yaml")        # = nas train FILE
-    done = nas.retrain("search_spaces/quickstart.yaml", arch="enc[128/256 128/256] dec[128/256 128/256]")
+    result = nas.sweep("search_spaces/quickstart.yaml", overrides={"search.trials": 4})  # = nas sweep FILE --set ..
+    table = nas.leaderboard(top=5)                              # = nas leaderboard, as a pandas DataFrame
+    done = nas.retrain("search_spaces/quickstart.yaml", best=True)
+    nas.export("exported/", run_id=done.run_id)                 # = nas export --out exported/ --run-id ...
     model = nas.load_export("exported/")                        # a folder written by `nas export`
     nas.translate("exported/", ["A man is riding a bike ."])   # -> ["Ein Mann ..."]
+    trained = nas.train("search_spaces/quickstart.yaml")        # = nas train FILE (the supernet alone)
+
+``nas.export`` is also the package of the export modules (:mod:`nas.export`); calling it is
+:func:`nas.export.trial.export_trial`.
 
 Each function imports what it needs when called, so ``import nas`` loads no torch, Ray, Optuna or
 MLflow. Bad input raises :class:`nas.errors.NasError` (its subclasses name the key or file).
@@ -15,20 +20,55 @@ MLflow. Bad input raises :class:`nas.errors.NasError` (its subclasses name the k
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nas.errors import NasError
 
 if TYPE_CHECKING:
+    import pandas
+
     from nas.export import Exported
     from nas.retraining import RetrainResult
     from nas.search import SweepResult
     from nas.space import SweepSpec
     from trainers import TrainResult
 
-__all__ = ["load_spec", "sweep", "train", "retrain", "load_export", "translate"]
+__all__ = ["load_spec", "sweep", "train", "retrain", "leaderboard", "load_export", "translate"]
+
+
+def _path(value: object, what: str) -> Path:
+    if not isinstance(value, (str, Path)):
+        raise NasError(f"{what}: expected a file path (str or Path), got {type(value).__name__}")
+    return Path(value)
+
+
+def override_items(overrides: Mapping[str, object] | None) -> tuple[str, ...]:
+    """``{"train.steps": 2, "search.method": "tpe"}`` -> ``("train.steps=2", 'search.method="tpe"')``: the
+    ``--set KEY.PATH=VALUE`` items of :func:`nas.space.load_spec` (each value written as JSON, which YAML reads
+    back unchanged).
+
+    Raises:
+        NasError: ``overrides`` is not a mapping, a key is not a non-empty dotted string, or a value is not
+            plain data (numbers, strings, booleans, None, lists and dicts of them).
+    """
+    if overrides is None:
+        return ()
+    if not isinstance(overrides, Mapping):
+        raise NasError(f"overrides: expected a dict of dotted keys to values, e.g. {{'train.steps': 2}}, got "
+                       f"{type(overrides).__name__}")
+    items = []
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key.strip() or "=" in key:
+            raise NasError(f"overrides: key {key!r} is not a dotted YAML key such as 'train.steps'")
+        try:
+            items.append(f"{key}={json.dumps(value)}")
+        except (TypeError, ValueError):
+            raise NasError(f"overrides[{key!r}]: a {type(value).__name__} is not a YAML value (numbers, strings, "
+                           "booleans, None, lists, dicts)") from None
+    return tuple(items)
 
 
 def load_spec(path: str | Path, *, check_files: bool = True) -> "SweepSpec":
@@ -42,42 +82,59 @@ def load_spec(path: str | Path, *, check_files: bool = True) -> "SweepSpec":
     return _load(path, check_files=check_files)
 
 
-def sweep(path: str | Path, *, address: str | None = None, resume: bool = False) -> "SweepResult":
+def sweep(path: str | Path, *, overrides: Mapping[str, object] | None = None, address: str | None = None,
+          resume: bool = False) -> "SweepResult":
     """Run (or continue) the sweep of a YAML: supernet, Optuna search through Ray Tune, MLflow runs.
 
     Args:
         path: the sweep YAML.
+        overrides: dotted keys to values, applied to the YAML before validation, as ``nas sweep --set``
+            (``{"search.trials": 4}``).
         address: a Ray cluster address (``auto``, ``ray://HOST:10001``); None starts a local Ray.
         resume: require an earlier start of this sweep (``nas sweep --resume``).
 
     Raises:
-        SpecError: bad input (nothing is started). SweepFailed: every trial failed.
+        SpecError: bad input (nothing is started). BackendError: the tracking store, the Optuna storage or the
+            Ray address does not answer (nothing is started). SweepFailed: every trial failed.
     """
+    from nas.preflight import check_backends
     from nas.search import run_sweep
+    from nas.space import load_spec as _load
 
-    return run_sweep(load_spec(path), path, address=address, resume=resume)
+    path = _path(path, "sweep(path)")
+    spec = _load(path, overrides=override_items(overrides))
+    check_backends(spec, address)
+    return run_sweep(spec, path, address=address, resume=resume)
 
 
 def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
-          progress: bool | None = None) -> "TrainResult":
+          overrides: Mapping[str, object] | None = None, progress: bool | None = None) -> "TrainResult":
     """Train the sweep's supernet without Ray (resuming from its checkpoint), tracked as one MLflow run
     with one nested run per training stage (``nas train``).
 
     Args:
         spec: the sweep YAML or its loaded spec.
         out_dir: the checkpoint folder (default ``<workdir>/<name>/supernet``).
+        overrides: with a YAML path: dotted keys to values, as ``nas train --set`` (``{"train.steps": 2}``).
         progress: show a progress bar (default: when stderr is a terminal).
 
     Raises:
-        SpecError: bad input. RunLockedError: another process (a sweep, ``nas train``) writes into the run
+        SpecError: bad input (``overrides`` with a loaded spec too). RunLockedError: another process (a sweep, ``nas train``) writes into the run
             folder ``<workdir>/<name>``, or into ``out_dir`` when it lies outside that folder; nothing is written.
     """
     from nas.locks import lock_folder, run_lock
+    from nas.space import SweepSpec
 
+    items = override_items(overrides)
     if isinstance(spec, (str, Path)):
         from nas.space import load_spec as _load
 
-        spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
+        spec = _load(spec, check_predictor=False, overrides=items)  # the predictor is used by sweeps only
+    elif not isinstance(spec, SweepSpec):
+        raise NasError(f"train(spec): expected a YAML path or a loaded spec (nas.load_spec), got {type(spec).__name__}")
+    elif items:
+        raise NasError("train(spec, overrides=...): overrides apply to a YAML path; pass the path, or change the "
+                       "loaded spec with spec.model_copy(update=...)")
     target = Path(out_dir) if out_dir is not None else spec.run_dir / "supernet"
     with run_lock(lock_folder(spec.run_dir, target), f"nas train {spec.name}"):  # before anything is written
         return _train_locked(spec, target, progress)
@@ -139,6 +196,68 @@ def retrain(spec: "str | Path | SweepSpec", *, run_id: str | None = None, best: 
         spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
     return _retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
                     metric=metric, where=tuple(where), progress=progress)
+
+
+def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int = 10, sweep_id: str | None = None,
+                status: str = "FINISHED", where: Sequence[str] = (), include_infeasible: bool = False,
+                pareto: bool = False, objectives: str | None = None) -> "pandas.DataFrame":
+    """The best trials of an MLflow experiment as a pandas DataFrame (``nas leaderboard``), best first.
+
+    One row a trial, one column a :class:`nas.tracking.LeaderboardRow` field: ``run_id``, ``arch``, ``bleu``,
+    ``chrf`` (0-100), ``params_m`` (millions), ``latency_ms`` (ms), ``valid_loss`` (nats per token), ``sweep_id``,
+    ``arch_id``, ``pareto``, ``feasible``, ``latency_ratio``, and the retrained scores beside the inherited ones
+    (``retrain_bleu``, ..., where ``nas retrain`` trained the trial's arch).
+
+    Args:
+        experiment: default: the newest sweep's.
+        metric: the ranking metric (``bleu``, ``chrf``, ``valid_loss``, ``params_m``, ``latency_ms``).
+        where: constraints ``METRIC OP NUMBER`` (``"latency_ms<=40"``), all of which must hold.
+        include_infeasible: also rank trials that break their sweep's ``search.constraints``.
+        pareto: mark the trials on the Pareto front of ``objectives`` (default ``bleu:max,latency_ms:min``, or
+            the sweep's with ``sweep_id``) in the ``pareto`` column.
+
+    Raises:
+        NasError: an unknown metric, status, constraint or experiment; no sweep in the tracking store.
+    """
+    import dataclasses
+
+    import pandas as pd
+
+    from nas import tracking
+
+    if not isinstance(top, int) or isinstance(top, bool) or top < 1:
+        raise NasError(f"leaderboard(top={top!r}): expected a positive int")
+    if isinstance(where, str):
+        where = (where,)
+    experiment = experiment or tracking.latest_experiment()
+    if pareto:
+        if objectives:
+            objs = tracking.parse_objectives(objectives)
+        elif sweep_id:
+            objs = tracking.sweep_objectives(tracking.find_sweep_run(sweep_id, experiment))
+        else:
+            objs = tracking.DEFAULT_OBJECTIVES
+        rows = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                    where=tuple(where), include_infeasible=include_infeasible).rows
+    else:
+        rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                    where=tuple(where), include_infeasible=include_infeasible)
+    rows = tracking.with_retrained(experiment, rows)
+    columns = [f.name for f in dataclasses.fields(tracking.LeaderboardRow)]
+    return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns)
+
+
+def average_checkpoints(supernet_dir: str | Path, last: int, out_dir: str | Path) -> Path:
+    """Average the weights of the newest ``last`` training snapshots of ``supernet_dir`` into the new folder
+    ``out_dir`` (``nas average``; fairseq's ``average_checkpoints``, :func:`trainers.average.average_checkpoints`).
+
+    Raises:
+        NasError: fewer snapshots than ``last``; ``out_dir`` holds files (nothing is written).
+    """
+    from trainers.average import average_checkpoints as _average
+
+    return _average(_path(supernet_dir, "average_checkpoints(supernet_dir)"), last,
+                    _path(out_dir, "average_checkpoints(out_dir)"))
 
 
 def load_export(directory: str | Path) -> "Exported":

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import optuna
 
 __all__ = ["supernet_config", "build_supernet", "prepare_sweep_data", "build_space", "build_sampler",
-           "startup_trials", "relative_positions", "RELATIVE_DEFAULT"]
+           "startup_trials", "relative_positions", "RELATIVE_DEFAULT", "space_param_counts"]
 
 
 def build_space(spec: SweepSpec) -> SearchSpace:
@@ -61,6 +61,17 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
 def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
     """The supernet of a sweep (freshly initialised): maxima from ``spec.supernet`` and the space."""
     return SuperTransformer.from_config(supernet_config(spec, vocab_size))
+
+
+def space_param_counts(spec: SweepSpec, space: SearchSpace | None = None) -> dict[str, int]:
+    """Parameters of the supernet and of the largest and smallest sub-Transformers of ``space`` (default
+    :func:`build_space`), at the YAML's vocabulary size (``nas space show``)."""
+    from nas.model.supernet import count_params, extract
+
+    space = build_space(spec) if space is None else space
+    supernet = build_supernet(spec, spec.data.tokenizer.vocab_size)
+    return {"supernet": count_params(supernet), "largest sub-net": count_params(extract(supernet, space.widest())),
+            "smallest sub-net": count_params(extract(supernet, space.narrowest()))}
 
 
 def prepare_sweep_data(spec: SweepSpec, progress: bool = True,

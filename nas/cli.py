@@ -8,13 +8,10 @@ its traceback (exit code 1).
 from __future__ import annotations
 
 
-import atexit
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -155,7 +152,7 @@ def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_fi
         return spec
     if not name:
         _fail("pass a sweep YAML (nas sweep FILE), or --resume NAME / --status NAME")
-    from nas.search.runner import SPEC_COPY, read_sweep_record
+    from nas.search import SPEC_COPY, read_sweep_record
     from nas.space import SpecError
 
     try:
@@ -227,7 +224,7 @@ def average(supernet_dir: Path = typer.Argument(..., help="Supernet folder writt
             last: int = typer.Option(..., "--last", min=1, help="Average the newest N snapshots."),
             out_dir: Path = typer.Option(..., "--out", help="New folder for the averaged supernet (must not hold files).")) -> None:
     """Average the weights of the newest N training snapshots into a new supernet folder (fairseq average_checkpoints)."""
-    from trainers.average import average_checkpoints
+    from nas.api import average_checkpoints
 
     try:
         path = average_checkpoints(supernet_dir, last, out_dir)
@@ -272,7 +269,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
 
     scan = None
     try:
-        experiment = experiment or _latest_experiment()
+        experiment = experiment or tracking.latest_experiment()
         if pareto or plot_file is not None:
             if sweep_id and not objectives:  # the sweep's objectives are read from its parent run
                 parent = tracking.find_sweep_run(sweep_id, experiment)
@@ -411,18 +408,6 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
                   highlight=False)
 
 
-def _latest_experiment() -> str:
-    from nas import tracking
-
-    client = tracking.get_client()
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              filter_string="tags.`nas.role` = 'sweep'", order_by=["attributes.start_time DESC"], max_results=1)
-    if not runs:
-        raise NotFoundError(f"no sweep found at {redact_url(tracking.tracking_uri())}; run `nas sweep FILE` first or "
-                            "pass --experiment")
-    return client.get_experiment(runs[0].info.experiment_id).name
-
-
 @app.command()
 def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new, empty or an earlier export "
                                                           "(replaced as a whole, atomically)."),
@@ -456,187 +441,20 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
     --best exports the best trial that meets its sweep's search.constraints (exit 2, naming them, when none does)
     unless --include-infeasible.
     """
-    if register is not None and not register.strip():
-        _fail("--register needs a model name, e.g. --register quickstart-en-de")
-    if best == bool(run_id):
-        _fail("pass exactly one of --best or --run-id ID")
-    if quantize is not None and quantize != "int8":
-        _fail(f"--quantize {quantize}: the one quantization is int8 (--quantize int8)")
-    onnx = onnx or quantize is not None
-    from nas.export import PROVENANCE, export_arch
-    from nas.io import check_output_dir
+    from nas.export.trial import ExportCheckFailed, export_trial
 
-    try:  # before MLflow is read or the supernet loaded
-        check_output_dir(out_dir, marker=PROVENANCE, force=force)
-    except NasError as e:
-        _fail(f"--out: {e}")
-    from nas import tracking
-    from nas.space.arch import Arch
-
-    client = tracking.get_client()
-    chosen = None
     try:
-        if best:
-            experiment = experiment or _latest_experiment()
-            chosen = tracking.best_trial(experiment, metric=metric, where=where or (),
-                                         include_infeasible=include_infeasible)
-            run_id = chosen.run_id
-        run = tracking.resolve_run_id(run_id)
+        result = export_trial(out_dir, run_id=run_id, best=best, metric=metric, experiment=experiment,
+                              where=where or (), include_infeasible=include_infeasible, onnx=onnx,
+                              quantize=quantize, ctranslate2=ctranslate2, register=register, force=force)
     except NasError as e:
         _fail(str(e))
-    except Exception as e:  # mlflow raises MlflowException for an unreadable store
-        _fail(f"cannot read MLflow run {run_id!r}: {e}")
-    problem = tracking.model_run_problem(run)
-    if problem:
-        _fail(problem)
-    run_id = run.info.run_id
-    tags = run.data.tags
-    retrained = tags.get(tracking.TAG_ROLE) == "retrain"
-    downloads = Path(tempfile.mkdtemp(prefix="nas-export-"))  # ours: removed when the command ends
-    atexit.register(shutil.rmtree, downloads, True)
-    try:  # the supernet on this machine, else the sweep logged it to MLflow (a laptop exporting a cluster's trial)
-        if retrained:  # the retrained weights, local or from the run's artifacts
-            folder = tracking.retrained_model_files(run, downloads)
-            files = tracking.ModelFiles(folder, folder / "spm.model", None, "local")
-            arch = Arch.from_dict(json.loads((folder / "arch.json").read_text(encoding="utf-8")))
-        else:
-            arch = Arch.from_dict(json.loads(Path(client.download_artifacts(run_id, "arch.json")).read_text()))
-            files = tracking.trial_model_files(run, downloads)
-    except NasError as e:
-        _fail(f"cannot export run {run_id}: {e}")
-    if files.source == "mlflow":
-        out.print(f"read the supernet from MLflow run {files.run_id} (not on this machine)", highlight=False)
-    if ctranslate2:  # before anything is written: the choice CTranslate2 cannot represent, and the package
-        _check_ctranslate2(arch, files.supernet_dir / ("model.json" if retrained else "supernet.json"))
-    if chosen is None and not retrained:  # --run-id of a trial: say when it breaks its sweep's constraints
-        _warn_infeasible(tracking, run)
-    provenance = {"run_id": run_id, "experiment_id": run.info.experiment_id, "metrics": run.data.metrics,
-                  "sweep_id": tags.get("nas.sweep_id")}
-    try:
-        path = export_arch(files.supernet_dir, files.spm_model, arch, out_dir,
-                           beam_size=int(tags.get("nas.beam_size", 4)), provenance=provenance, force=force,
-                           model_name="model" if retrained else "supernet")
-    except (FileNotFoundError, NasError, KeyError) as e:
-        _fail(f"cannot export run {run_id}: {e}")
-    kind = "retrained " if retrained else ""
-    out.print(f"exported {kind}{arch.summary()} (BLEU {run.data.metrics.get('bleu', float('nan')):.2f}) to {path}")
-    if chosen is not None and chosen.feasible is not None:
-        bounds = tracking.describe_constraints(tracking.constraints_by_sweep(experiment, chosen.sweep_id))
-        if chosen.feasible:
-            out.print(f"the best trial by {metric} that meets its sweep's search.constraints {escape(bounds)}",
-                      highlight=False)
-        else:
-            err.print(f"[yellow]warning:[/yellow] run {run_id} breaks its sweep's search.constraints {escape(bounds)} "
-                      "(--include-infeasible)", highlight=False)
-    if onnx:
-        import pyarrow.parquet as pq
-
-        from nas.export.onnx import export_onnx, verify_onnx
-
-        export_onnx(path, path)
-        sentences = (pq.read_table(files.valid, columns=["src_text"]).column("src_text").to_pylist()[:4]  # real ones
-                     if files.valid is not None else list(_FALLBACK_SENTENCES))
-        diff = verify_onnx(path, sentences)
-        if diff > 1e-4:
-            _fail(f"ONNX export of {path} differs from PyTorch by {diff:.2e} in the logits (limit 1e-4)", code=1)
-        out.print(f"ONNX: encoder.onnx + decoder_step.onnx, max |logit diff| vs PyTorch {diff:.1e}; "
-                  f"translate with `python {path}/translate_onnx.py < input.txt` (onnxruntime only)")
-        if quantize is not None:
-            from nas.export.onnx import quantize_onnx
-
-            report = quantize_onnx(path)
-            done = ", ".join(f"{g}.int8.onnx ({r['quantized']} weight products int8, {r['int8_bytes'] / 2**20:.1f} "
-                             f"vs {r['fp32_bytes'] / 2**20:.1f} MiB)" for g, r in report.items())
-            out.print(f"int8: {done}; translate_onnx.py now uses them (the fp32 graphs stay beside them)")
-    if ctranslate2:
-        _write_ctranslate2(path, files.valid)
-    if register is not None:
-        _register_export(path, register, run, files.valid)
-
-
-def _warn_infeasible(tracking, run) -> None:
-    """Warn (stderr) when trial ``run`` breaks its sweep's search.constraints, naming each bound and the value."""
-    from nas.space.constraints import violated
-
-    parent = run.data.tags.get(tracking.TAG_PARENT)
-    if not parent:
-        return
-    try:
-        constraints = tracking.sweep_constraints(tracking.get_client().get_run(parent))
-    except Exception:  # noqa: BLE001 - a deleted or unreadable parent: nothing to judge by
-        return
-    broken = violated(constraints, run.data.metrics)
-    if broken:
-        sweep = run.data.tags.get(tracking.TAG_SWEEP_ID, "?")
-        values = ", ".join(f"{c.key} ({c.metric} is {run.data.metrics.get(c.metric, float('nan')):g})" for c in broken)
-        err.print(f"[yellow]warning:[/yellow] run {run.info.run_id} breaks sweep {escape(sweep)}'s search.constraints: "
-                  f"{escape(values)}; exporting it anyway (--run-id)", highlight=False)
-
-
-def _check_ctranslate2(arch, supernet_config: Path) -> None:
-    """Fail (exit 2, one line) when ``arch`` has a choice CTranslate2 cannot represent, or ctranslate2 is missing."""
-    from nas.export.ct2 import ctranslate2_problem, require_ctranslate2
-
-    config = json.loads(supernet_config.read_text(encoding="utf-8")) if supernet_config.is_file() else {}
-    problem = ctranslate2_problem(arch, config)
-    if problem:
-        _fail(f"--ctranslate2: {problem}; export without --ctranslate2, or pick a plain Transformer trial")
-    try:
-        require_ctranslate2()
-    except NasError as e:
-        _fail(f"--ctranslate2: {e}")
-
-
-_FALLBACK_SENTENCES = ("a", "the house .", "two people are walking down the street .", "1 2 3")
-"""What the export checks translate when the sweep logged no validation file (any text tokenizes)."""
-
-
-def _write_ctranslate2(path: Path, valid: Optional[Path]) -> None:
-    """Convert the export at ``path`` to ``path/ctranslate2`` and check its greedy translations of the first
-    validation sentences against PyTorch's (exit 1 when they differ)."""
-    import pyarrow.parquet as pq
-
-    from nas.export import load_export
-    from nas.export.ct2 import Ct2Translator, export_ctranslate2
-
-    folder = export_ctranslate2(path)
-    sentences = (pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:8]
-                 if valid is not None and valid.is_file() else list(_FALLBACK_SENTENCES))
-    mismatched = []
-    if sentences:
-        theirs = Ct2Translator(folder).translate(sentences, beam_size=1)
-        ours = load_export(path).translate(sentences, beam_size=1)
-        mismatched = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
-    if mismatched:
-        _fail(f"the CTranslate2 model in {folder} translates validation sentences {mismatched} differently from "
-              "PyTorch (greedy)", code=1)
-    checked = f"greedy translations of {len(sentences)} validation sentences equal PyTorch's" if sentences else \
-        "not checked (no validation file)"
-    out.print(f"CTranslate2: {folder} ({checked}); translate with ctranslate2.Translator({str(folder)!r})")
-
-
-def _register_export(path: Path, name: str, run, valid: Optional[Path]) -> None:
-    """Log the export folder ``path`` as an MLflow pyfunc model, register it as ``name``, alias champion."""
-    import mlflow
-
-    from nas import tracking
-    from nas.export.mlflow_model import DEFAULT_EXAMPLE, log_translator
-
-    example = list(DEFAULT_EXAMPLE)
-    if valid is not None and valid.is_file():  # real sentences of the sweep's validation set as the input example
-        import pyarrow.parquet as pq
-
-        example = pq.read_table(valid, columns=["src_text"]).column("src_text").to_pylist()[:3] or example
-    experiment = tracking.get_client().get_experiment(run.info.experiment_id).name
-    try:
-        logged = log_translator(path, experiment=experiment, register=name, source_run_id=run.info.run_id,
-                                input_example=example)
-    except (FileNotFoundError, NasError) as e:
-        _fail(str(e))
-    except mlflow.MlflowException as e:
-        _fail(f"cannot register MLflow model {name!r}: {e.message}")
-    out.print(f"registered MLflow model '{escape(name)}' version {logged.version} (alias champion, run {logged.run_id}); "
-              f"load it with mlflow.pyfunc.load_model({logged.alias_uri!r})", highlight=False)
+    except ExportCheckFailed as e:
+        _fail(str(e), code=1)
+    for line in result.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
+    for line in result.messages:
+        out.print(escape(line), highlight=False)
 
 
 @app.command(name="translate")
@@ -742,31 +560,28 @@ def space_show(file: Path) -> None:
     spec = _load(file, check_files=False)
     from rich.table import Table
 
-    from nas.model.supernet import count_params, extract
-    from nas.space.space import SearchSpace, format_count
-    from nas.builders import build_supernet
+    from nas.builders import build_space, space_param_counts
+    from nas.space.space import format_count
 
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     table = Table(title=f"{spec.name}: search space")
     for col in ("dimension", "choices", "scope"):
         table.add_column(col)
     for row in space.describe():
         table.add_row(*row)
     out.print(table)
-    supernet = build_supernet(spec, spec.data.tokenizer.vocab_size)
     out.print(f"sub-Transformers: {format_count(space.size())}")
-    for label, model in (("supernet", supernet), ("largest sub-net", extract(supernet, space.widest())),
-                         ("smallest sub-net", extract(supernet, space.narrowest()))):
-        out.print(f"{label}: {count_params(model) / 1e6:.2f} M parameters (vocabulary {spec.data.tokenizer.vocab_size})")
+    for label, count in space_param_counts(spec, space).items():
+        out.print(f"{label}: {count / 1e6:.2f} M parameters (vocabulary {spec.data.tokenizer.vocab_size})")
 
 
 @space_app.command("sample")
 def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -> None:
     """Print a random sub-Transformer of the space as JSON."""
     spec = _load(file, check_files=False)
-    from nas.space.space import SearchSpace
+    from nas.builders import build_space
 
-    out.print_json(SearchSpace.from_spec(spec).sample(random.Random(seed)).to_json())
+    out.print_json(build_space(spec).sample(random.Random(seed)).to_json())
 
 
 @latency_app.command("fit")
@@ -778,32 +593,17 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), fit a latency
     predictor and report its held-out RMSE and MAPE; it keeps the reference arch's latency for latency_ratio."""
     spec = _load(file, check_predictor=False)  # it may name the file this writes
-    from nas.space.predictor_file import workload_of, workload_tag
+    from nas.search import fit_latency
 
-    workload = workload_tag(workload_of(spec.search))
-    target = out_file or spec.run_dir / f"latency_{workload}.safetensors"
-    _output_file(target)
-    from nas.eval.latency import collect_fixed_samples, fit_predictor_file
-    from nas.eval.measure_lock import MeasureLock
-    from nas.io import atomic_write_text
-    from nas.model.io import load_model
-
-    supernet_dir = spec.run_dir / "supernet"
-    if not (supernet_dir / "supernet.safetensors").is_file():
-        _fail(f"no trained supernet in {supernet_dir}; run `nas sweep {file}` or `nas train {file}` first")
-    model = load_model(supernet_dir, "supernet").eval()
     try:
-        measured = collect_fixed_samples(model, spec, samples, seed=seed, threads=threads, lock=MeasureLock(),
-                                         progress=True)
-        metrics = fit_predictor_file(measured, spec, target, seed=seed)
+        fit = fit_latency(spec, samples=samples, threads=threads, out_file=out_file, seed=seed)
     except NasError as e:
         _fail(str(e))
-    atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
-    reference = next(s for s in measured if s["reference"])
-    out.print(f"{len(measured)} sub-Transformers measured on {measured[0]['device']}, workload {workload}; "
-              f"reference ({spec.search.latency_reference}) {reference['latency_ms']:.2f} ms", highlight=False)
-    out.print(f"held-out RMSE {metrics['rmse_ms']:.2f} ms, MAPE {metrics['mape']:.1f}% "
-              f"({int(metrics['holdout_samples'])} of {len(measured)} held out); predictor: {target}")
+    m, ref = fit.metrics, fit.reference
+    out.print(f"{len(fit.samples)} sub-Transformers measured on {fit.samples[0]['device']}, workload {fit.workload}; "
+              f"reference ({spec.search.latency_reference}) {ref['latency_ms']:.2f} ms", highlight=False)
+    out.print(f"held-out RMSE {m['rmse_ms']:.2f} ms, MAPE {m['mape']:.1f}% "
+              f"({int(m['holdout_samples'])} of {len(fit.samples)} held out); predictor: {fit.path}")
 
 
 @app.command()
@@ -818,7 +618,7 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
                                                     "(default: <workdir>/<name>/fidelity/steps_<N>_seed_<S>).")) -> None:
     """Ranking fidelity: inherited-weight scores of K sub-Transformers against the same ones trained from scratch
     (Kendall tau, Spearman rho). Resumable: rerun it to continue."""
-    from nas.search.fidelity import METRICS
+    from nas.search import FIDELITY_METRICS as METRICS
 
     if metric not in METRICS:
         _fail(f"--metric {metric!r}: expected one of {' | '.join(METRICS)}")
@@ -826,8 +626,8 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
     from rich.table import Table
 
     from nas import tracking
-    from nas.search.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
     from nas.builders import prepare_sweep_data
+    from nas.search import check_supernet, log_fidelity, run_fidelity, warning_text
 
     try:
         check_supernet(spec, file)

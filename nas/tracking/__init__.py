@@ -43,13 +43,13 @@ _MODULES = {
     "query": ("LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
               "pareto_scan", "best_trial", "with_retrained"),
     "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep",
-               "describe_constraints"),
+               "describe_constraints", "latest_experiment"),
     "writers": ("leaderboard_table", "write_leaderboard"),
 }
 """Submodule -> the public names it defines (the package's API)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
+__all__ = ["latest_experiment", "DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
     "PARAM_CONSTRAINTS", "SUPERNET_ARTIFACTS", "log_supernet_files", "trial_model_files",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
@@ -76,8 +76,8 @@ if TYPE_CHECKING:
     from nas.tracking.runs import (StageRuns, end_run, end_stale_runs, ensure_experiment, find_runs,
                                    find_tagged_runs, flatten, get_client, log_file_artifact, log_json_artifact,
                                    log_metrics, log_new_params, reopen_run, resolve_run_id, start_run)
-    from nas.tracking.sweeps import (constraints_by_sweep, describe_constraints, find_sweep_run, sweep_constraints,
-                                     sweep_objectives)
+    from nas.tracking.sweeps import (constraints_by_sweep, describe_constraints, find_sweep_run,
+                                     latest_experiment, sweep_constraints, sweep_objectives)
     from nas.tracking.writers import leaderboard_table, write_leaderboard
 
 

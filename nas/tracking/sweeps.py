@@ -16,7 +16,8 @@ from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives
 from nas.tracking.rows import ROW_METRICS
 from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
 
-__all__ = ["find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep", "describe_constraints"]
+__all__ = ["find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep", "describe_constraints",
+           "latest_experiment"]
 
 
 def find_sweep_run(sweep_id: str, experiment: str | None = None) -> mlflow.entities.Run:
@@ -113,3 +114,19 @@ def sweep_objectives(run: mlflow.entities.Run) -> tuple[Objective, ...]:
     if len(objectives) < 2 or any(o.metric not in ROW_METRICS for o in objectives[:2]):
         return DEFAULT_OBJECTIVES
     return objectives[:2]
+
+
+def latest_experiment() -> str:
+    """The MLflow experiment of the newest sweep (the newest run tagged ``nas.role=sweep``).
+
+    Raises:
+        NotFoundError: the tracking store holds no sweep (names the store, password masked).
+    """
+    client = get_client()
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              filter_string=f"tags.`{TAG_ROLE}` = 'sweep'", order_by=["attributes.start_time DESC"],
+                              max_results=1)
+    if not runs:
+        raise NotFoundError(f"no sweep found at {redact_url(tracking_uri())}; run `nas sweep FILE` first or "
+                            "pass --experiment")
+    return client.get_experiment(runs[0].info.experiment_id).name
