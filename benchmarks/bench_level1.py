@@ -45,6 +45,7 @@ def main() -> None:
     import optuna
     import torch
 
+    from nas.builders import build_space
     from nas.data import _open_prepared
     from nas.eval.latency import (LatencyPredictor, collect_fixed_samples, describe_device, fit_predictor_file,
                                   measure_fixed_latency)
@@ -95,7 +96,8 @@ def main() -> None:
     result["workload"] = workload
 
     t0 = time.perf_counter()
-    samples = collect_fixed_samples(model, spec, args.samples or ev.predictor_samples, threads=args.threads)
+    samples = collect_fixed_samples(model, spec, args.samples or ev.predictor_samples, space=build_space(spec),
+                                    threads=args.threads)
     predictor_path = args.out / "predictor.safetensors"
     fit = fit_predictor_file(samples, spec, predictor_path)
     predictor = LatencyPredictor.load(predictor_path)

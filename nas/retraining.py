@@ -343,6 +343,7 @@ def _latency(spec: SweepSpec, model, vocab_size: int) -> dict[str, float]:
     both under the node's measurement lock."""
     import torch
 
+    from nas.builders import build_space
     from nas.eval.latency import measure_fixed_latency, resolve_reference
     from nas.eval.measure_lock import MeasureLock
     from nas.model.supernet import SuperTransformer
@@ -354,7 +355,8 @@ def _latency(spec: SweepSpec, model, vocab_size: int) -> dict[str, float]:
     device = torch.device("cuda" if cuda else "cpu")
     workload = workload_of(se)
     threads = max(1, int(se.cpu_per_trial))
-    reference = SuperTransformer.from_config(_arch_config(spec, vocab_size, resolve_reference(spec))).eval()
+    reference = SuperTransformer.from_config(_arch_config(spec, vocab_size,
+                                                          resolve_reference(spec, build_space(spec)))).eval()
 
     def time_it(m) -> float:
         return measure_fixed_latency(m.to(device), None, src_tokens=workload["src_tokens"],

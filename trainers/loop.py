@@ -39,7 +39,7 @@ from rich.progress import (
 )
 
 from nas.errors import NasError
-from nas.builders import build_supernet, supernet_config
+from nas.builders import build_space, build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher
 from nas.eval.validation import ValidationSet, validation_scores
 from nas.io import atomic_write_text
@@ -136,7 +136,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     torch.manual_seed(tr.seed)
     if tr.threads:
         torch.set_num_threads(tr.threads)
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     valid = functools.cache(lambda: ValidationSet.load(data))  # read on the first evaluation, by the main rank
     check_width_dropout(tr.width_dropout, {w or spec.supernet.model_dim for w in space.model_widths})
     plan = tr.stage_plan

@@ -315,16 +315,15 @@ def _progress(enabled: bool) -> Progress:
                     console=Console(stderr=True), disable=not enabled)
 
 
-def resolve_reference(spec: SweepSpec, space: SearchSpace | None = None) -> Arch:
+def resolve_reference(spec: SweepSpec, space: SearchSpace) -> Arch:
     """The arch ``latency_ratio`` divides by: ``search.latency_reference`` (``narrowest``, ``widest``, ``middle`` of
-    ``space``, default ``SearchSpace.from_spec(spec)``; or an arch as JSON, :meth:`Arch.to_json`).
+    ``space``, the sweep's (:func:`nas.builders.build_space`); or an arch as JSON, :meth:`Arch.to_json`).
 
     Raises:
         NasError: the value is none of the names and no arch JSON, or the arch exceeds the supernet (names
             ``search.latency_reference`` and the value).
     """
     named = spec.search.latency_reference
-    space = SearchSpace.from_spec(spec) if space is None else space
     if named in REFERENCE_NAMES:
         return getattr(space, named)()
     try:
@@ -393,10 +392,12 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
         return _measure_all(supernet, archs, workload, reference, repeats, warmup, device, lock, progress)
 
 
-def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *, seed: int | None = None,
+def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *, space: SearchSpace,
+                          seed: int | None = None,
                           threads: int | None = None, lock: MeasureLock | None = None,
                           progress: bool = False) -> list[dict[str, Any]]:
-    """:func:`collect_samples` as a sweep times its trials: the space, workload (:func:`workload_of`), reference
+    """:func:`collect_samples` as a sweep times its trials: ``space`` (the sweep's, :func:`nas.builders.build_space`),
+    the workload (:func:`workload_of`), reference
     (:func:`resolve_reference`) and ``search.latency_repeats`` of ``spec``; ``seed`` None: ``search.seed``;
     ``threads`` None: ``search.cpu_per_trial``.
 
@@ -404,7 +405,6 @@ def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *
         NasError: a bad ``search.latency_reference``.
         ValueError: as :func:`collect_samples`.
     """
-    space = SearchSpace.from_spec(spec)
     return collect_samples(supernet, space, n, workload=workload_of(spec.search),
                            reference=resolve_reference(spec, space),
                            seed=spec.search.seed if seed is None else seed, repeats=spec.search.latency_repeats,

@@ -55,6 +55,7 @@ from nas.io import atomic_write_bytes, atomic_write_text
 from nas.locks import lock_folder, run_lock
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
+from nas.builders import build_space
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
@@ -325,7 +326,7 @@ def run_fidelity(spec: SweepSpec, data: PreparedData, *, k: int = 8, steps: int 
             torch.set_num_threads(spec.train.threads)
         supernet = load_model(folder, "supernet").to(device)
         supernet_sha = _sha256(folder / "supernet.safetensors")
-        space = SearchSpace.from_spec(spec)
+        space = build_space(spec)
         archs = spread_archs(space, k, lambda arch: count_params(extract(supernet, arch)), seed=seed, samples=samples)
         vset = ValidationSet.load(data, spec.search.valid_sentences)
         show = sys.stderr.isatty() if progress is None else progress

@@ -57,6 +57,7 @@ from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import OPTUNA_TRIAL_KEY, StudyRef
 from nas.search.trials import SweepContext, load_supernet
 from nas.search.tune import make_tuner, ray_dir, run_config
+from nas.builders import build_space
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import FinetuneSpec, SweepSpec
@@ -201,7 +202,7 @@ def finetune_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     spec = ctx.spec
     ft = _finetune_spec(spec)
     number = int(config[OPTUNA_TRIAL_KEY])
-    arch = SearchSpace.from_spec(spec).from_params(dict(config[ARCH_KEY]))
+    arch = build_space(spec).from_params(dict(config[ARCH_KEY]))
     result_file = finetune_dir(spec) / f"{number:05d}.json"
     settings = _settings(ctx, arch)
     stored = _read_json(result_file)
@@ -375,7 +376,7 @@ def run_finetune_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags
                   f"inherited weights at peak lr {_peak_lr(spec):g}, ASHA every {ft.eval_every} steps "
                   f"(grace {ft.grace_period}, reduction factor {ft.reduction_factor})" + (" (restored)" if restored else ""))
     grid = tuner.fit()
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     rows = [_row(result, space, ctx) for result in grid]
     order = {n: i for i, n in enumerate(numbers)}
     rows.sort(key=lambda r: order.get(r["optuna_trial"], len(order)))

@@ -62,6 +62,7 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
         OutputPathError: ``out_file`` is a folder. NasError: no trained supernet in ``<workdir>/<name>/supernet``
             (names the command that trains it); too few samples to hold some out.
     """
+    from nas.builders import build_space
     from nas.eval.latency import collect_fixed_samples, fit_predictor_file
     from nas.eval.measure_lock import MeasureLock
     from nas.io import atomic_write_text, check_output_file
@@ -78,7 +79,7 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
         raise NasError(f"no trained supernet in {supernet_dir}; run `nas sweep FILE` or `nas train FILE` with the "
                        f"YAML of {spec.name!r} first")
     model = load_model(supernet_dir, "supernet").eval()
-    measured = collect_fixed_samples(model, spec, samples, seed=seed, threads=threads, lock=MeasureLock(),
+    measured = collect_fixed_samples(model, spec, samples, space=build_space(spec), seed=seed, threads=threads, lock=MeasureLock(),
                                      progress=progress)
     metrics = fit_predictor_file(measured, spec, target, seed=seed)
     atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))

@@ -25,8 +25,8 @@ from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, 
 from nas.search.failures import SweepFailed
 from nas.search.searcher import StudyRef
 from nas.search.tune import ray_dir, run_config
+from nas.builders import build_space
 from nas.space import SweepSpec
-from nas.space.space import SearchSpace
 
 __all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "score_batch", "time_samples"]
 
@@ -89,7 +89,7 @@ def score_batch(config: dict[str, Any], *, l1: Level1Context) -> None:
     model = load_supernet(str(l1.ctx.supernet_dir))
     if spec.search.gpu_per_trial > 0 and torch.cuda.is_available():
         model.to("cuda")
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     vset = validation_set(l1.ctx.data, spec.search.evolution.subset_sentences)
     predictor = latency_predictor(str(l1.predictor))
     archs = [space.from_params(params) for _, params in batch]
@@ -113,7 +113,7 @@ class Level1Search(Searcher):
     def __init__(self, spec: SweepSpec, ref: StudyRef, batch_dir: Path, on_generation=None) -> None:
         super().__init__(metric=None, mode=None)
         self.spec, self.ref, self.batch_dir = spec, ref, batch_dir
-        self.space = SearchSpace.from_spec(spec)
+        self.space = build_space(spec)
         self.genes = gene_choices(self.space)
         ev = spec.search.evolution
         self.total, self.batch_size, self.population = ev.population * ev.generations, ev.batch_size, ev.population
@@ -286,7 +286,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
         console.print(f"level 1: resumed ({told} scored candidates told from their files, {failed} lost in the "
                       f"kill marked failed)")
     if not study.get_trials(deepcopy=False):  # the YAML's starting points open the first generation
-        space = SearchSpace.from_spec(spec)
+        space = build_space(spec)
         for point in space.point_params(spec.search.points_to_evaluate):
             study.enqueue_trial(point, skip_if_exists=True)
     done = sum(t.state == TrialState.COMPLETE for t in study.get_trials(deepcopy=False))
@@ -311,7 +311,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     if not counts.get("COMPLETE"):
         raise SweepFailed(f"level 1 of sweep {sweep_id}: every candidate failed ({counts}); see "
                           f"{ray_dir(spec, sweep_id, 'level1-*')}")
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     chosen = select_level2(trials, spec.search.trials, level1_directions(spec))
     params = [space.params_of(space.from_params(t.params)) for t in chosen]
     return Level1Result(counts=counts, chosen=params, wall_s=time.monotonic() - start)
@@ -355,6 +355,6 @@ def time_samples(config: dict[str, Any], *, ctx, out: Path) -> None:
     spec = ctx.spec
     torch.set_num_threads(max(1, int(spec.search.cpu_per_trial)))
     model = load_supernet(str(ctx.supernet_dir))
-    samples = collect_fixed_samples(model, spec, spec.search.evolution.predictor_samples)
+    samples = collect_fixed_samples(model, spec, spec.search.evolution.predictor_samples, space=build_space(spec))
     atomic_write_text(out, json.dumps(samples))
     tune.report({"samples": len(samples)})

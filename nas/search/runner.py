@@ -30,7 +30,7 @@ from rich.console import Console
 
 from nas.errors import NotFoundError
 from nas import faults, tracking
-from nas.builders import prepare_sweep_data
+from nas.builders import build_space, prepare_sweep_data
 from nas.data import EncodersFactory
 from nas.search.ray_encode import RayEncoders
 from nas.tracking.plots import log_pareto_plot
@@ -43,7 +43,6 @@ from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.io import atomic_write_text
 from nas.locks import run_lock
 from nas.redact import redact_url
-from nas.space.space import SearchSpace
 from nas.space import SpecError, SweepSpec
 from trainers import check_fingerprint, supernet_fingerprint
 
@@ -435,7 +434,7 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     trials they do not cover (level 1 found fewer distinct archs) are drawn at random.
     """
     se = spec.search
-    space = SearchSpace.from_spec(spec)
+    space = build_space(spec)
     if points is None:
         points = space.point_params(se.points_to_evaluate)
     sampler_spec = se.model_copy(update={"method": "random"}) if se.method == "evolution" else se
@@ -455,7 +454,7 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     lost = [t.number for t in study_trials(study)
             if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)]
     if lost:  # a Ray experiment state older than the searcher's "finished" flag: should not happen
-        DurableOptunaSearch(DefineByRun(SearchSpace.from_spec(spec)), study, se).fail_open_trials(
+        DurableOptunaSearch(DefineByRun(build_space(spec)), study, se).fail_open_trials(
             "lost: its Ray trial was not in the restored experiment")
         console.print(f"[red]Optuna trials {lost} had no Ray trial after the restore; marked FAIL[/red]")
     trials = study_trials(study)

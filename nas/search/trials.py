@@ -45,6 +45,7 @@ from nas.io import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
+from nas.builders import build_space
 from nas.space.arch import Arch
 from nas.space.constraints import violated
 from nas.space.predictor_file import workload_mismatch, workload_of, workload_tag
@@ -191,7 +192,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     """
     se = spec.search
     lock = lock if lock is not None else MeasureLock()
-    reference = resolve_reference(spec)
+    reference = resolve_reference(spec, build_space(spec))
     predictor = None if se.latency_predictor is None else _checked_predictor(spec, reference,
                                                                              ratio=se.latency == "predicted")
     with lock.shared():
@@ -274,7 +275,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     if config.get(FINISHED_KEY) == "FAIL":  # failed before a kill lost its Ray trial: record it again, as is
         raise RuntimeError(f"Optuna trial {number} failed before the driver was killed: {config.get(ERROR_KEY)}")
     torch.set_num_threads(max(1, int(ctx.spec.search.cpu_per_trial)))
-    arch = SearchSpace.from_spec(ctx.spec).from_params(params)
+    arch = build_space(ctx.spec).from_params(params)
     fault = None
     try:
         fault = faults.point("score_trial", number=number, attempts=_result_path(ctx, number, ".attempts"),

@@ -123,15 +123,15 @@ def test_resolve_reference_reads_names_and_arch_json_and_names_the_key_when_bad(
     raw, _, _ = tiny
     space = SearchSpace.from_spec(_spec(raw))
     for name in ("narrowest", "middle", "widest"):
-        assert resolve_reference(_spec(raw, latency_reference=name)) == getattr(space, name)()
+        assert resolve_reference(_spec(raw, latency_reference=name), space) == getattr(space, name)()
     sampled = space.sample(__import__("random").Random(3))
     assert resolve_reference(_spec(raw, latency_reference=sampled.to_json()), space) == sampled
     with pytest.raises(NasError, match=r"search.latency_reference: 'smallest' is not narrowest, widest, middle"):
-        resolve_reference(_spec(raw, latency_reference="smallest"))
+        resolve_reference(_spec(raw, latency_reference="smallest"), space)
     too_wide = json.loads(space.widest().to_json())
     too_wide["encoder"]["width"] = [64, 64]
     with pytest.raises(NasError, match=r"search.latency_reference: .*encoder.width\[0\]=64 exceeds"):
-        resolve_reference(_spec(raw, latency_reference=json.dumps(too_wide)))
+        resolve_reference(_spec(raw, latency_reference=json.dumps(too_wide)), space)
 
 
 # ---------------------------------------------------------------- predicted latency_ratio
@@ -143,8 +143,9 @@ def predictor_file(tiny, tmp_path_factory):
     workload and reference), as ``nas latency fit`` writes it."""
     raw, _, model = tiny
     spec = _spec(raw, latency_repeats=1)
-    samples = collect_fixed_samples(model, spec, 6, threads=1)
-    assert [s["arch_id"] for s in samples if s["reference"]] == [resolve_reference(spec).arch_id]
+    samples = collect_fixed_samples(model, spec, 6, space=SearchSpace.from_spec(spec), threads=1)
+    reference = resolve_reference(spec, SearchSpace.from_spec(spec))
+    assert [s["arch_id"] for s in samples if s["reference"]] == [reference.arch_id]
     path = tmp_path_factory.mktemp("pred") / "latency.safetensors"
     fit_predictor_file(samples, spec, path)
     return path, next(s["latency_ms"] for s in samples if s["reference"])
