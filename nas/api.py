@@ -230,19 +230,9 @@ def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int
     if isinstance(where, str):
         where = (where,)
     experiment = experiment or tracking.latest_experiment()
-    if pareto:
-        if objectives:
-            objs = tracking.parse_objectives(objectives)
-        elif sweep_id:
-            objs = tracking.sweep_objectives(tracking.find_sweep_run(sweep_id, experiment))
-        else:
-            objs = tracking.DEFAULT_OBJECTIVES
-        rows = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                    where=tuple(where), include_infeasible=include_infeasible).rows
-    else:
-        rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                    where=tuple(where), include_infeasible=include_infeasible)
-    rows = tracking.with_retrained(experiment, rows)
+    rows = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                where=tuple(where), include_infeasible=include_infeasible, pareto=pareto,
+                                objectives=objectives).rows
     columns = [f.name for f in dataclasses.fields(tracking.LeaderboardRow)]
     return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns)
 

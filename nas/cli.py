@@ -131,7 +131,9 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
-    _print_feasibility(result.experiment, result.sweep_id, include_infeasible=False)
+    note = tracking.feasibility_note(result.experiment, result.sweep_id, include_infeasible=False)
+    if note:
+        out.print(escape(note), highlight=False)
     m = result.supernet_metrics
     out.print(f"supernet: widest sub-Transformer BLEU {m.get('widest_bleu', float('nan')):.2f} "
               f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
@@ -267,100 +269,45 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     _output_file(plot_file, "--plot")
     from nas import tracking
 
-    scan = None
     try:
         experiment = experiment or tracking.latest_experiment()
-        if pareto or plot_file is not None:
-            if sweep_id and not objectives:  # the sweep's objectives are read from its parent run
-                parent = tracking.find_sweep_run(sweep_id, experiment)
-            elif sweep_id:
-                try:
-                    tracking.find_sweep_run(sweep_id, experiment)
-                except NotFoundError:
-                    err.print(f"[yellow]warning:[/yellow] sweep {escape(sweep_id)} has no parent run in "
-                              f"{escape(experiment)}: its search.constraints are not applied")
-            if objectives:
-                objs = tracking.parse_objectives(objectives)
-            elif sweep_id:
-                objs = tracking.sweep_objectives(parent)
-            else:
-                objs = tracking.DEFAULT_OBJECTIVES
-            if plot_file is not None and len(objs) != 2:
-                raise NasError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
-            scan = tracking.pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                        where=where or (), page_size=page_size, keep_points=plot_file is not None,
-                                        include_infeasible=include_infeasible)
-            rows = scan.rows
-        else:
-            rows = tracking.leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                        where=where or (), page_size=page_size, include_infeasible=include_infeasible)
-        rows = tracking.with_retrained(experiment, rows)  # retrained scores beside the inherited ones
+        board = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                     where=where or (), include_infeasible=include_infeasible,
+                                     pareto=pareto or plot_file is not None, objectives=objectives,
+                                     page_size=page_size, keep_points=plot_file is not None)
+        if plot_file is not None and len(board.scan.objectives) != 2:
+            raise NasError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
+        why = None if board.rows else tracking.empty_reason(experiment, sweep_id, status, where or (),
+                                                            include_infeasible)
     except NasError as e:
         _fail(str(e))
+    rows, scan = board.rows, board.scan
+    for line in board.warnings:
+        err.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
     if scan is not None and plot_file is not None:
         from nas.tracking.plots import write_pareto_plot
 
         write_pareto_plot(scan, plot_file, title=f"{experiment}{f' / {sweep_id}' if sweep_id else ''}: "
                                                  f"{len(scan.front)} of {scan.scanned} trials on the front")
         out.print(f"wrote the Pareto plot to {escape(str(plot_file))}", highlight=False)
-    if not rows:
-        _why_empty(experiment, sweep_id, status, where or (), include_infeasible)
+    if why:
+        err.print(escape(why), highlight=False)
+    note = tracking.feasibility_note(experiment, sweep_id, include_infeasible)
     if fmt == "table":
         out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
         if scan is not None:
             out.print(f"Pareto front ({', '.join(map(str, scan.objectives))}): {len(scan.front)} of {scan.scanned} "
                       f"matching trials; {sum(bool(r.pareto) for r in rows)} in this table (marked *)", highlight=False)
-        _print_feasibility(experiment, sweep_id, include_infeasible)
-        return
-    if out_file is None:
-        _fail(f"--format {fmt} needs --out FILE")
-    try:
-        path = tracking.write_leaderboard(rows, fmt, out_file)
-    except NasError as e:
-        _fail(str(e))
-    out.print(f"wrote {len(rows)} rows to {path}")
-    _print_feasibility(experiment, sweep_id, include_infeasible)
-
-
-def _why_empty(experiment: str, sweep_id: Optional[str], status: str, where: list[str],
-               include_infeasible: bool) -> None:
-    """Say why a leaderboard has no row: an unknown sweep id (exit 2, naming the sweeps there), no trial of the
-    status, or filters (--where, the sweeps' constraints) that no trial meets."""
-    from nas import tracking
-
-    trials = tracking.find_runs(experiment, role="trial", sweep_id=sweep_id)
-    if sweep_id and not trials and not tracking.find_runs(experiment, sweep_id=sweep_id):
-        sweeps = sorted({r.data.tags.get(tracking.TAG_SWEEP_ID) for r in tracking.find_runs(experiment, role="sweep")}
-                        - {None})
-        _fail(f"--sweep {sweep_id}: experiment {experiment!r} has no sweep of that id; its sweeps: "
-              f"{', '.join(sweeps) or 'none'}")
-    of = f" of sweep {sweep_id}" if sweep_id else ""
-    with_status = [r for r in trials if status == "all" or r.info.status == status]
-    if not with_status:
-        err.print(f"no {'' if status == 'all' else status + ' '}trial{of} in experiment {escape(experiment)} "
-                  f"({len(trials)} trial runs in all; --status all shows every one)", highlight=False)
-        return
-    filters = [f"--where {' and '.join(where)}"] if where else []
-    if not include_infeasible:
-        filters.append("its sweep's search.constraints (--include-infeasible drops them)")
-    kind = "trials" if status == "all" else f"{status} trials"
-    err.print(f"none of the {len(with_status)} {kind}{of} in experiment "
-              f"{escape(experiment)} meets {' and '.join(filters)}", highlight=False)
-
-
-def _print_feasibility(experiment: str, sweep_id: Optional[str], include_infeasible: bool) -> None:
-    """Say which search.constraints a ranking applied (nothing when no sweep in scope has any)."""
-    from nas import tracking
-
-    bounds = tracking.describe_constraints(tracking.constraints_by_sweep(experiment, sweep_id))
-    if not bounds:
-        return
-    if include_infeasible:
-        out.print(f"all trials, feasible or not (column feasible), under search.constraints {escape(bounds)}",
-                  highlight=False)
     else:
-        out.print(f"feasible trials only, under search.constraints {escape(bounds)}; --include-infeasible shows "
-                  "the others too", highlight=False)
+        if out_file is None:
+            _fail(f"--format {fmt} needs --out FILE")
+        try:
+            path = tracking.write_leaderboard(rows, fmt, out_file)
+        except NasError as e:
+            _fail(str(e))
+        out.print(f"wrote {len(rows)} rows to {path}")
+    if note:
+        out.print(escape(note), highlight=False)
 
 
 @app.command()

@@ -15,6 +15,7 @@ mlflow):
 - :mod:`nas.tracking.query`: :func:`leaderboard`, :func:`iter_leaderboard_rows`, :func:`parse_where`
   (``--where``, the grammar of :mod:`nas.space.constraints`), :func:`pareto_scan`, :func:`best_trial`; rankings
   keep the trials meeting their sweep's constraints unless asked to include the others.
+- :mod:`nas.tracking.board`: what a leaderboard shows (:func:`ranked_rows`), why it is empty, which constraints applied.
 - :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints (:func:`constraints_by_sweep`).
 - :mod:`nas.tracking.writers`: :func:`leaderboard_table` (rich) and :func:`write_leaderboard` (CSV, JSON,
   Parquet; atomic, :mod:`nas.io`) (no mlflow).
@@ -45,11 +46,12 @@ _MODULES = {
     "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep",
                "describe_constraints", "latest_experiment"),
     "writers": ("leaderboard_table", "write_leaderboard"),
+    "board": ("Board", "ranked_rows", "empty_reason", "feasibility_note"),
 }
 """Submodule -> the public names it defines (the package's API)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["latest_experiment", "DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
+__all__ = ["latest_experiment", "Board", "ranked_rows", "empty_reason", "feasibility_note", "DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
     "PARAM_CONSTRAINTS", "SUPERNET_ARTIFACTS", "log_supernet_files", "trial_model_files",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from nas.tracking.sweeps import (constraints_by_sweep, describe_constraints, find_sweep_run,
                                      latest_experiment, sweep_constraints, sweep_objectives)
     from nas.tracking.writers import leaderboard_table, write_leaderboard
+    from nas.tracking.board import Board, empty_reason, feasibility_note, ranked_rows
 
 
 __getattr__, __dir__ = lazy_exports(globals(), _HOMES)
