@@ -432,10 +432,11 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
         raw = sys.stdin.buffer.read() if input_file is None else input_file.read_bytes()
     except (NasError, OSError) as e:
         _fail(str(e) if isinstance(e, NasError) else f"cannot read {input_file}: {e.strerror}")
-    lines = _decode_lines(raw, source)
     from nas.export import load_export
+    from nas.export.text import decode_lines, translate_lines
 
     try:
+        lines = decode_lines(raw, source)
         model = load_export(directory)
     except NasError as e:  # a missing or damaged file of the export (names it)
         _fail(str(e))
@@ -445,7 +446,14 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
         err.print(f"[yellow]warning:[/yellow] {escape(source)} line{'s' if len(long_lines) > 1 else ''} {shown} "
                   f"{'are' if len(long_lines) > 1 else 'is'} longer than the model reads: truncated to "
                   f"{model.max_src_tokens} tokens (SentencePiece pieces) before translating", highlight=False)
-    hyps, seconds, tokens = _translate_lines(model, lines, beam_size, max_tokens, threads)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err, transient=True, disable=not err.is_terminal) as bar:
+        task = bar.add_task("translate", total=len(lines))
+        done = translate_lines(model, lines, beam_size=beam_size, max_tokens=max_tokens, threads=threads,
+                               on_batch=lambda sentences, _: bar.advance(task, sentences))
+    hyps, seconds, tokens = done.hypotheses, done.seconds, done.tokens
     text = "".join(h + "\n" for h in hyps)
     if output_file is None:
         sys.stdout.write(text)
@@ -456,49 +464,6 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
     if lines:
         err.print(f"translated {len(lines)} sentences ({tokens} target tokens) in {seconds:.1f} s: "
                   f"{len(lines) / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s", highlight=False)
-
-
-def _translate_lines(model, lines: list[str], beam_size: Optional[int], max_tokens: int,
-                     threads: Optional[int]) -> tuple[list[str], float, int]:
-    """``model.translate`` with a progress bar on a terminal; returns (translations, seconds, target tokens)."""
-    import time
-
-    import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-    tokens = 0
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=err, transient=True, disable=not err.is_terminal) as bar:
-            task = bar.add_task("translate", total=len(lines))
-
-            def advance(sentences: int, target_tokens: int) -> None:
-                nonlocal tokens
-                tokens += target_tokens
-                bar.advance(task, sentences)
-
-            start = time.perf_counter()
-            hyps = model.translate(lines, beam_size=beam_size, max_tokens=max_tokens, on_batch=advance)
-            seconds = max(time.perf_counter() - start, 1e-9)
-    finally:  # --threads is this command's: a caller in the same process (the API, a test) keeps its own
-        torch.set_num_threads(before)
-    return hyps, seconds, tokens
-
-
-def _decode_lines(raw: bytes, source: str) -> list[str]:
-    """The lines of ``raw`` (UTF-8; a BOM is dropped), stripped; fails (exit 2) naming the first line that is not
-    UTF-8 and where it came from (``source``: ``stdin`` or the file)."""
-    lines = []
-    for number, line in enumerate(raw.splitlines(), start=1):
-        try:
-            lines.append(line.decode("utf-8-sig" if number == 1 else "utf-8").strip())
-        except UnicodeDecodeError as e:
-            _fail(f"{source} line {number} is not UTF-8 (byte {e.start + 1} of the line is {line[e.start:e.start + 1]!r}); "
-                  f"convert the input first, e.g. iconv -f latin1 -t utf-8 FILE | nas translate ...")
-    return lines
 
 
 @space_app.command("show")

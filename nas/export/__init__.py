@@ -9,6 +9,8 @@ onnx or mlflow):
 
 - :mod:`nas.export.trial`: :func:`export_trial` (an MLflow trial or retrain run to an export folder, with ONNX,
   CTranslate2 and a registered MLflow model on request), :class:`ExportResult`, :class:`ExportCheckFailed`.
+- :mod:`nas.export.text`: raw text through an export (``nas translate``): :func:`~nas.export.text.decode_lines`,
+  :func:`~nas.export.text.translate_lines`.
 - :mod:`nas.export.folder`: the export folder (``model.safetensors``, ``model.json``, ``arch.json``,
   ``spm.model``, ``export.json``): :func:`export_arch`, :func:`load_export`, :class:`Exported`, and
   :data:`PROVENANCE` (``export.json``, the file that marks a folder as an export).
