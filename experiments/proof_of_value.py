@@ -875,7 +875,9 @@ def phase_gpu_plan(work: Path, out: Path, smoke: bool) -> None:
     raw["workdir"] = ".povgpu/runs"
     (CARRY / "sweep.yaml").write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
     shutil.copytree(Path(spec.data.cache_dir), CARRY / "cache")
-    shutil.copytree(spec.run_dir / "supernet", CARRY / "supernet")
+    (CARRY / "supernet").mkdir()
+    for name in ("supernet.safetensors", "supernet.json"):  # the weights only: no optimizer, no snapshots
+        shutil.copyfile(spec.run_dir / "supernet" / name, CARRY / "supernet" / name)
     plan = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "yaml": ".povgpu/sweep.yaml",
             "supernet_dir": ".povgpu/supernet", "test": [f".povgpu/data/{n}" for n in TEST],
             "steps": 4 if smoke else GPU_STEPS, "checkpoint_every": 2 if smoke else GPU_CHECKPOINT_EVERY,
