@@ -333,7 +333,10 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     out_file = out_file or Path(f"report-{sweep_id}.{fmt}")
     _output_file(out_file)
+    from nas import tracking
+
     try:
+        tracking.require_store()  # read-only: a missing SQLite store is not created
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
                            include_infeasible=include_infeasible)
     except NasError as e:

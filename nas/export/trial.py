@@ -114,6 +114,7 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
         check_output_dir(out_dir, marker=PROVENANCE, force=force)
     except NasError as e:
         raise type(e)(f"--out: {e}") from None
+    tracking.require_store()  # read-only: a missing SQLite store is not created
     client = tracking.get_client()
     chosen = None
     try:

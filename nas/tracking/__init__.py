@@ -36,7 +36,7 @@ _MODULES = {
                "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR", "PARAM_CONSTRAINTS"),
     "runs": ("get_client", "ensure_experiment", "flatten", "start_run", "log_metrics", "log_json_artifact",
              "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params", "reopen_run",
-             "end_stale_runs", "find_runs", "resolve_run_id"),
+             "end_stale_runs", "find_runs", "resolve_run_id", "require_store"),
     "model_files": ("SUPERNET_ARTIFACTS", "ModelFiles", "log_supernet_files", "trial_model_files",
                     "RETRAIN_ARTIFACTS", "log_retrain_files", "retrained_model_files", "model_run_problem"),
     "rows": ("LeaderboardRow",),
@@ -51,7 +51,7 @@ _MODULES = {
 """Submodule -> the public names it defines (the package's API)."""
 _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 
-__all__ = ["latest_experiment", "Board", "ranked_rows", "empty_reason", "feasibility_note", "DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
+__all__ = ["latest_experiment", "require_store", "Board", "ranked_rows", "empty_reason", "feasibility_note", "DEFAULT_OBJECTIVES", "LEADERBOARD_STATUSES", "LeaderboardRow", "ModelFiles", "Objective",
     "PARAM_CONSTRAINTS", "SUPERNET_ARTIFACTS", "log_supernet_files", "trial_model_files",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
@@ -77,7 +77,8 @@ if TYPE_CHECKING:
     from nas.tracking.rows import LeaderboardRow
     from nas.tracking.runs import (StageRuns, end_run, end_stale_runs, ensure_experiment, find_runs,
                                    find_tagged_runs, flatten, get_client, log_file_artifact, log_json_artifact,
-                                   log_metrics, log_new_params, reopen_run, resolve_run_id, start_run)
+                                   log_metrics, log_new_params, reopen_run, require_store, resolve_run_id,
+                                   start_run)
     from nas.tracking.sweeps import (constraints_by_sweep, describe_constraints, find_sweep_run,
                                      latest_experiment, sweep_constraints, sweep_objectives)
     from nas.tracking.writers import leaderboard_table, write_leaderboard

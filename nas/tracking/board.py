@@ -11,7 +11,7 @@ from nas.tracking.layout import TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, parse_objectives
 from nas.tracking.query import ParetoScan, leaderboard, pareto_scan, with_retrained
 from nas.tracking.rows import LeaderboardRow
-from nas.tracking.runs import PAGE_SIZE, find_runs
+from nas.tracking.runs import PAGE_SIZE, find_runs, require_store
 from nas.tracking.sweeps import constraints_by_sweep, describe_constraints, find_sweep_run, sweep_objectives
 
 __all__ = ["Board", "ranked_rows", "empty_reason", "feasibility_note"]
@@ -37,8 +37,10 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
 
     Raises:
         NasError: an unknown metric, status, constraint or objective; NotFoundError: ``sweep_id`` has no parent
-            run when its objectives are needed.
+            run when its objectives are needed; the tracking store is a SQLite file that does not exist
+            (:func:`nas.tracking.require_store`: nothing is created).
     """
+    require_store()
     warnings: list[str] = []
     scan = None
     if pareto:

@@ -36,6 +36,24 @@ def get_client() -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri())
 
 
+def require_store() -> None:
+    """Check that the tracking store a read-only command reads exists, before MLflow opens it: MLflow creates an
+    empty SQLite file (and its tables) wherever a ``sqlite:///`` URI points, so ``nas leaderboard`` run from the
+    wrong folder would leave a stray ``mlflow.db`` there and then report that nothing was found.
+
+    Raises:
+        NotFoundError: the URI is a SQLite file that does not exist (names the file and the two fixes).
+    """
+    uri = tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    if not path.is_file():
+        raise NotFoundError(f"no MLflow store at {path.resolve()}: run from the folder the sweep ran in (it holds "
+                            "mlflow.db), or set MLFLOW_TRACKING_URI (e.g. sqlite:////abs/path/mlflow.db or "
+                            "http://host:5000)")
+
+
 def ensure_experiment(name: str) -> str:
     """Return the id of the experiment ``name``, creating it if missing and restoring it if it
     was soft-deleted.

@@ -14,7 +14,7 @@ from nas.space.constraints import Constraint, parse_constraint
 from nas.tracking.layout import PARAM_CONSTRAINTS, TAG_OBJECTIVES, TAG_ROLE, TAG_SWEEP_ID, tracking_uri
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives
 from nas.tracking.rows import ROW_METRICS
-from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, tag_filter
+from nas.tracking.runs import PAGE_SIZE, experiment_id, get_client, require_store, tag_filter
 
 __all__ = ["find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep", "describe_constraints",
            "latest_experiment"]
@@ -122,6 +122,7 @@ def latest_experiment() -> str:
     Raises:
         NotFoundError: the tracking store holds no sweep (names the store, password masked).
     """
+    require_store()
     client = get_client()
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               filter_string=f"tags.`{TAG_ROLE}` = 'sweep'", order_by=["attributes.start_time DESC"],
