@@ -1,8 +1,6 @@
-"""``nas``: sweep, train, average, leaderboard, report, export, translate, fidelity, space, latency.
+"""nas: sweep, train, retrain, average, leaderboard, report, export, translate, fidelity, space, latency.
 
-Bad input (a :class:`nas.errors.NasError`: a YAML error, a missing file, an unknown run) prints one
-clear message and exits with code 2, before anything starts; any other exception is a bug and keeps
-its traceback (exit code 1).
+Bad input (a YAML error, a missing file, an unknown run) prints one clear line and exits with code 2, before anything starts; any other exception is a bug and keeps its traceback (exit code 1).
 """
 
 from __future__ import annotations
@@ -382,7 +380,7 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
            ctranslate2: bool = typer.Option(False, "--ctranslate2",
                                             help="Also write a CTranslate2 model folder (<out>/ctranslate2), checked "
                                                  "against PyTorch; the sub-Transformer must be a plain Transformer "
-                                                 "(needs pip install 'nas[serve]')."),
+                                                 "(needs pip install 'nas\\[serve]')."),
            register: Optional[str] = typer.Option(None, "--register", metavar="NAME",
                                                   help="Also log the export as an MLflow pyfunc model, register it as NAME "
                                                        "and point the alias 'champion' at it.")) -> None:
