@@ -25,7 +25,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "trainers")
 LAYERS: list[tuple[str, ...]] = [
-    ("nas.errors", "nas.io", "nas.locks", "nas.redact", "nas.faults", "nas.lazy", "nas.export.translate_onnx"),
+    ("nas.errors", "nas.io", "nas.locks", "nas.redact", "nas.faults", "nas.lazy", "nas.console",
+     "nas.export.translate_onnx"),
     ("nas.space",),
     ("nas.data",),
     ("nas.model", "nas.precision"),

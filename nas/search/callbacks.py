@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from ray.tune import Callback
-from rich.console import Console
+from nas.console import make_console
 
 from nas import tracking
 from nas.redact import redact_url
@@ -23,7 +23,7 @@ from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, er
 
 __all__ = ["MlflowTrialCallback"]
 
-_console = Console(stderr=True, highlight=False)  # module level: the callback itself is pickled by Ray
+_console = make_console()  # module level: the callback itself is pickled by Ray
 _NOT_METRICS = {"step", "training_iteration", "time_this_iter_s", "time_total_s", "timestamp", "time_since_restore",
                 "iterations_since_restore", "pid", "done", *CONTROL_KEYS}
 

@@ -43,7 +43,7 @@ import torch
 from optuna.trial import FrozenTrial, TrialState
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler
-from rich.console import Console
+from nas.console import make_console
 from rich.table import Table
 
 from nas.errors import NasError
@@ -67,7 +67,7 @@ __all__ = ["select_candidates", "finetune_trial", "run_finetune_stage", "finetun
            "finetune_dir", "is_feasible", "FinetuneCallback", "ROLE", "TAG_STOPPED", "DONE_KEY", "ARCH_KEY",
            "SUMMARY_ARTIFACT"]
 
-console = Console(stderr=True, highlight=False)
+console = make_console()
 
 ROLE = "finetune"
 """MLflow ``nas.role`` of a fine-tune run, and the Ray Tune experiment's stage name (``<sweep id>-finetune``)."""

@@ -15,7 +15,7 @@ import optuna
 from optuna.trial import TrialState
 from ray import tune
 from ray.tune.search import Searcher
-from rich.console import Console
+from nas.console import make_console
 
 from nas import faults
 from nas.io import atomic_write_text
@@ -30,7 +30,7 @@ from nas.space import SweepSpec
 
 __all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "score_batch", "time_samples"]
 
-console = Console(stderr=True)
+console = make_console()
 
 
 def level1_ref(ref: StudyRef) -> StudyRef:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from typing import Any
 import optuna
 import ray
 from ray import tune
-from rich.console import Console
+from nas.console import make_console
 
 from nas.errors import NotFoundError
 from nas import faults, tracking
@@ -48,7 +49,7 @@ from trainers import check_fingerprint, supernet_fingerprint
 
 __all__ = ["run_sweep", "SweepResult", "SweepFailed", "SweepRecord", "SweepStatus", "sweep_status", "read_sweep_record", "study_ref", "ray_dir", "results_dir"]
 
-console = Console(stderr=True)
+console = make_console()
 
 SWEEP_FILE = "sweep.json"
 """The sweep's identity, under ``<workdir>/<name>/`` (see :class:`SweepRecord`)."""
@@ -174,6 +175,12 @@ def _connect(address: str | None) -> bool:
     """Start (or join) Ray unless it runs in this process already; returns whether this call connected."""
     if ray.is_initialized():
         return False
+    # Ray Tune's new output engine prints a configuration table, "Number of trials 9223372036854775807" for a
+    # searcher-driven run and a TensorBoard hint for every Tuner.fit, whatever the verbosity: the legacy engine
+    # at verbose=0 (tune.run_config) prints nothing, and the sweep prints its own lines
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    if not sys.stderr.isatty():  # the workers' lines reach a log: no colour codes around their "(pid=...)" prefix
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)

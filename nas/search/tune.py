@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 
 from ray import tune
-from rich.console import Console
+from nas.console import make_console
 
 from nas.space import SweepSpec
 
 __all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config"]
 
-console = Console(stderr=True)
+console = make_console()
 
 
 def is_uri(path: str | Path) -> bool:
