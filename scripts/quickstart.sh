@@ -6,7 +6,7 @@ bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 start=$(date +%s)
 nas sweep search_spaces/quickstart.yaml
-nas leaderboard --experiment quickstart --top 10
+nas leaderboard --experiment quickstart --top 10 --format csv --out exported/leaderboard.csv  # the sweep printed the table
 nas export --best --experiment quickstart --out exported/quickstart
 zcat ../shared/data/multi30k/test_2016_flickr.en.gz > exported/test_2016_flickr.en
 nas translate exported/quickstart < exported/test_2016_flickr.en > exported/test_2016_flickr.hyp.de
