@@ -97,12 +97,24 @@ def sweep(path: str | Path, *, overrides: Mapping[str, object] | None = None, ad
         SpecError: bad input (nothing is started). BackendError: the tracking store, the Optuna storage or the
             Ray address does not answer (nothing is started). SweepFailed: every trial failed.
     """
-    from nas.preflight import check_backends
-    from nas.search import run_sweep
     from nas.space import load_spec as _load
 
     path = _path(path, "sweep(path)")
-    spec = _load(path, overrides=override_items(overrides))
+    return run_spec(_load(path, overrides=override_items(overrides)), path, address=address, resume=resume)
+
+
+def run_spec(spec: "SweepSpec", path: str | Path, *, address: str | None = None,
+             resume: bool = False) -> "SweepResult":
+    """:func:`sweep` of a loaded spec (``nas sweep``, which loads it from a YAML or from a sweep's saved copy):
+    its backends checked first (:func:`nas.preflight.check_backends`), then :func:`nas.search.run_sweep`.
+
+    Raises:
+        BackendError: the tracking store, the Optuna storage or the Ray address does not answer (nothing
+            started). NasError: bad input. SweepFailed: every trial failed.
+    """
+    from nas.preflight import check_backends
+    from nas.search import run_sweep
+
     check_backends(spec, address)
     return run_sweep(spec, path, address=address, resume=resume)
 
@@ -136,6 +148,9 @@ def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
         raise NasError("train(spec, overrides=...): overrides apply to a YAML path; pass the path, or change the "
                        "loaded spec with spec.model_copy(update=...)")
     target = Path(out_dir) if out_dir is not None else spec.run_dir / "supernet"
+    from nas.preflight import check_tracking_store
+
+    check_tracking_store(read_only=False)  # a server or database that refuses: one line, within seconds
     with run_lock(lock_folder(spec.run_dir, target), f"nas train {spec.name}"):  # before anything is written
         return _train_locked(spec, target, progress)
 
@@ -229,6 +244,9 @@ def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int
         raise NasError(f"leaderboard(top={top!r}): expected a positive int")
     if isinstance(where, str):
         where = (where,)
+    from nas.preflight import check_tracking_store
+
+    check_tracking_store(read_only=True)
     experiment = experiment or tracking.latest_experiment()
     rows = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                 where=tuple(where), include_infeasible=include_infeasible, pareto=pareto,

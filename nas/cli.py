@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from nas.errors import NasError, NotFoundError
+from nas.errors import NasError
 from nas.redact import redact_url
 
 # The CLI downloads small JSON artifacts (arch.json, result tables); mlflow's per-download tqdm bars
@@ -104,24 +104,24 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
         except NasError as e:
             _fail(str(e))
     spec = _spec_for(file, resume or status, workdir, check_files=not status, overrides=overrides or ())
-    from nas.preflight import BackendError, check_backends
-
-    try:  # before Ray, MLflow or any folder: an unreachable tracking server, database or Ray address
-        check_backends(spec, None if status else address)
-    except BackendError as e:
-        _fail(str(e))
     from nas import tracking
-    from nas.search import SweepFailed, run_sweep, sweep_status
-    from nas.space import SpecError
+    from nas.search import SweepFailed
 
     if status:
-        try:
-            out.print("\n".join(sweep_status(spec).lines()), markup=False, highlight=False, soft_wrap=True)
-        except (NotFoundError, SpecError) as e:
+        from nas.preflight import check_backends
+        from nas.search import sweep_status
+
+        try:  # before MLflow or Optuna is read: an unreachable tracking server or database
+            check_backends(spec, None)
+            lines = sweep_status(spec).lines()
+        except NasError as e:
             _fail(str(e))
+        out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
-    try:
-        result = run_sweep(spec, file or spec.run_dir / "sweep.yaml", address=address, resume=bool(resume))
+    from nas.api import run_spec
+
+    try:  # its backends are checked first (one line within seconds), before Ray, MLflow or any folder
+        result = run_spec(spec, file or spec.run_dir / "sweep.yaml", address=address, resume=bool(resume))
     except NasError as e:
         _fail(str(e))
     except SweepFailed as e:
@@ -267,7 +267,10 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     _output_file(plot_file, "--plot")
     from nas import tracking
 
+    from nas.preflight import check_tracking_store
+
     try:
+        check_tracking_store(read_only=True)
         experiment = experiment or tracking.latest_experiment()
         board = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
                                      where=where or (), include_infeasible=include_infeasible,
@@ -331,10 +334,10 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
         _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     out_file = out_file or Path(f"report-{sweep_id}.{fmt}")
     _output_file(out_file)
-    from nas import tracking
+    from nas.preflight import check_tracking_store
 
     try:
-        tracking.require_store()  # read-only: a missing SQLite store is not created
+        check_tracking_store(read_only=True)  # one line within seconds; a missing SQLite store is not created
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
                            include_infeasible=include_infeasible)
     except NasError as e:

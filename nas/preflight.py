@@ -22,7 +22,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from nas.redact import redact_url
 from nas.space import SpecError, SweepSpec
 
-__all__ = ["TIMEOUT_S", "BackendError", "check_backends", "check_database", "check_mlflow", "check_ray_address"]
+__all__ = ["TIMEOUT_S", "BackendError", "check_backends", "check_database", "check_mlflow", "check_ray_address",
+           "check_tracking_store"]
 
 TIMEOUT_S = 5.0
 """Seconds each backend gets to answer."""
@@ -62,6 +63,28 @@ def check_backends(spec: SweepSpec, address: str | None, *, timeout_s: float = T
         check_database(storage, what="Optuna storage", setting="tracking.optuna_storage in the YAML",
                        timeout_s=timeout_s)
     check_ray_address(address, timeout_s=timeout_s)
+
+
+def check_tracking_store(*, read_only: bool = False, timeout_s: float = TIMEOUT_S) -> None:
+    """Check the MLflow tracking store of a command other than ``nas sweep`` (``leaderboard``, ``report``,
+    ``export``: ``read_only``; ``train``, ``retrain``) before MLflow is called, so that a server or database that
+    refuses fails in one line within ``timeout_s`` instead of after MLflow's retries.
+
+    Raises:
+        NotFoundError: ``read_only`` and the store is an SQLite file that does not exist (nothing is created;
+            :func:`nas.tracking.require_store`). BackendError: the store does not answer or cannot be used.
+    """
+    from nas.tracking import require_store
+    from nas.tracking.layout import tracking_uri
+
+    uri = tracking_uri()
+    if read_only:
+        require_store()
+        if urlsplit(uri).scheme.lower().startswith("sqlite"):
+            return  # it exists; read-only needs no writable folder
+    env_set = bool(os.environ.get("MLFLOW_TRACKING_URI"))
+    check_mlflow(uri, timeout_s=timeout_s,
+                 fix="set MLFLOW_TRACKING_URI" if env_set else "run from a writable folder or set MLFLOW_TRACKING_URI")
 
 
 # --------------------------------------------------------------------------- MLflow
@@ -209,9 +232,13 @@ def check_database(url: str, *, what: str, setting: str, timeout_s: float = TIME
     except Exception as e:  # sqlalchemy.exc.DBAPIError wrapping the driver's error, or the driver's own
         verb, reason = _db_why(e, timeout_s)
         if verb != "does not answer":
-            fix = (f"create it (CREATE DATABASE {parsed.database}) or fix {setting}"
-                   if "does not exist" in reason and parsed.database else
-                   f"check the user, password and database in the URL, or fix {setting}")
+            low = reason.lower()
+            if "role" in low and "does not exist" in low and parsed.username:  # PostgreSQL: the user is missing
+                fix = f"create the role (CREATE ROLE {parsed.username} LOGIN) or fix the user in {setting}"
+            elif "does not exist" in low and parsed.database:
+                fix = f"create it (CREATE DATABASE {parsed.database}) or fix {setting}"
+            else:
+                fix = f"check the user, password and database in the URL, or fix {setting}"
         raise BackendError(f"{what} {shown} ({setting}) {verb} ({reason}); {fix}") from None
     finally:
         engine.dispose()

@@ -201,12 +201,16 @@ def retrain(spec: SweepSpec, *, run_id: str | None = None, best: bool = False, a
         device: default ``cuda`` when available, else ``cpu``.
 
     Raises:
+        BackendError: the MLflow tracking store does not answer (one line, before anything runs).
         NasError: not exactly one source; an unknown, ambiguous or unfinished run; an arch the model cannot
             build; ``init: inherited`` without the supernet; an ``out_dir`` holding anything but this retrain.
             Nothing is written before these checks pass.
         RunLockedError: another process writes into the folder.
         FloatingPointError: training diverged.
     """
+    from nas.preflight import check_tracking_store
+
+    check_tracking_store(read_only=False)  # a server or database that refuses: one line, within seconds
     source = _resolve_source(spec, run_id, best, arch, experiment=experiment, metric=metric, where=where,
                              include_infeasible=include_infeasible)
     arch = source.arch

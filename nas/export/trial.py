@@ -96,6 +96,7 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
     from nas import tracking
     from nas.export.folder import PROVENANCE, export_arch
     from nas.io import check_output_dir
+    from nas.preflight import check_tracking_store
     from nas.space.arch import Arch
 
     if not isinstance(out_dir, (str, Path)):
@@ -114,7 +115,7 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
         check_output_dir(out_dir, marker=PROVENANCE, force=force)
     except NasError as e:
         raise type(e)(f"--out: {e}") from None
-    tracking.require_store()  # read-only: a missing SQLite store is not created
+    check_tracking_store(read_only=True)  # one line within seconds; a missing SQLite store is not created
     client = tracking.get_client()
     chosen = None
     try:
