@@ -31,6 +31,7 @@ import json
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -301,6 +302,7 @@ def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supern
     from nas.model.supernet import SuperTransformer, count_params, extract
     from trainers import train_standalone
     from trainers.average import SNAPSHOTS, average_snapshots, latest_snapshots
+    from trainers.loop import PROGRESS_EVERY_S
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if spec.train.threads:
@@ -316,10 +318,13 @@ def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supern
     bar = Progress(TextColumn("[bold]retrain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                    TimeRemainingColumn(), console=Console(stderr=True), disable=not show)
     every = recipe["checkpoint_every"]
+    last_line = [time.monotonic()]
 
     def on_step(step: int, loss: float) -> None:
         bar.update(task, completed=step, info=f"loss {loss:.3f}")
-        if not show and (step % every == 0 or step == steps):
+        late = time.monotonic() - last_line[0] >= PROGRESS_EVERY_S  # a line at least this often in a log
+        if not show and (step % every == 0 or step == steps or late):
+            last_line[0] = time.monotonic()
             print(f"retrain step {step}/{steps} loss {loss:.3f}", file=sys.stderr, flush=True)
 
     with bar:

@@ -22,6 +22,7 @@ import functools
 import json
 import random
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,10 @@ from trainers.distributed import broadcast, dist_info, param_sums
 from trainers.engine import LoopHooks, StepResult, run_loop, save_checkpoint
 from trainers.optim import make_optimizer, make_scheduler
 from trainers.proximal import load_proximal_source, proximal_initialize
+
+PROGRESS_EVERY_S = 30.0
+"""Without a progress bar (a log, a Ray trial), a step line is printed at least this often (seconds), besides
+every ``train.log_every`` steps: a slow machine still shows progress (issue 30)."""
 from trainers.seq_distill import (
     DISTILL_DIR,
     load_distill_targets,
@@ -193,6 +198,7 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
     show = (sys.stderr.isatty() if progress is None else progress) and main
     emit = report or (lambda _metrics: None)
     window = LossWindow()
+    last_line = [time.monotonic()]  # when the last step line was printed
 
     def stage_of(step: int) -> tuple[Stage, StagePosition]:
         at = stage_at(plan, step)
@@ -211,7 +217,9 @@ def train_supernet(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, 
         at = result.position
         state["stage"] = at.stage.name
         window.add(result.output, result.ntokens)
-        if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step:
+        late = not show and time.monotonic() - last_line[0] >= PROGRESS_EVERY_S
+        if state["step"] % tr.log_every == 0 or state["step"] == tr.steps or at.is_last_step or late:
+            last_line[0] = time.monotonic()
             inplace = at.number == 1 and tr.inplace_distill
             students = tr.sandwich_k + 1 if at.distill_lambda is not None or inplace else 0
             metrics = {**window.metrics(optimizer, result.grad_norm, sampled=tr.sandwich_k, distilled=students),
