@@ -1,4 +1,4 @@
-"""The public Python API (what ``import nas`` offers in a notebook): the CLI's jobs as functions.
+"""The public Python API (what `import nas` offers in a notebook): the CLI's jobs as functions.
 
     import nas
 
@@ -11,11 +11,11 @@
     nas.translate("exported/", ["A man is riding a bike ."])   # -> ["Ein Mann ..."]
     trained = nas.train("search_spaces/quickstart.yaml")        # = nas train FILE (the supernet alone)
 
-``nas.export`` is also the package of the export modules (:mod:`nas.export`); calling it is
-:func:`nas.export.trial.export_trial`.
+`nas.export` is also the package of the export modules (`nas.export`); calling it is
+`nas.export.trial.export_trial`.
 
-Each function imports what it needs when called, so ``import nas`` loads no torch, Ray, Optuna or
-MLflow. Bad input raises :class:`nas.errors.NasError` (its subclasses name the key or file).
+Each function imports what it needs when called, so `import nas` loads no torch, Ray, Optuna or
+MLflow. Bad input raises `nas.errors.NasError` (its subclasses name the key or file).
 """
 
 from __future__ import annotations
@@ -46,12 +46,12 @@ def _path(value: object, what: str) -> Path:
 
 
 def override_items(overrides: Mapping[str, object] | None) -> tuple[str, ...]:
-    """``{"train.steps": 2, "search.method": "tpe"}`` -> ``("train.steps=2", 'search.method="tpe"')``: the
-    ``--set KEY.PATH=VALUE`` items of :func:`nas.space.load_spec` (each value written as JSON, which YAML reads
+    """`{"train.steps": 2, "search.method": "tpe"}` -> `("train.steps=2", 'search.method="tpe"')`: the
+    `--set KEY.PATH=VALUE` items of `nas.space.load_spec` (each value written as JSON, which YAML reads
     back unchanged).
 
     Raises:
-        NasError: ``overrides`` is not a mapping, a key is not a non-empty dotted string, or a value is not
+        NasError: `overrides` is not a mapping, a key is not a non-empty dotted string, or a value is not
             plain data (numbers, strings, booleans, None, lists and dicts of them).
     """
     if overrides is None:
@@ -72,7 +72,7 @@ def override_items(overrides: Mapping[str, object] | None) -> tuple[str, ...]:
 
 
 def load_spec(path: str | Path, *, check_files: bool = True) -> "SweepSpec":
-    """Read and validate a sweep YAML (``search_spaces/*.yaml``).
+    """Read and validate a sweep YAML (`search_spaces/*.yaml`).
 
     Raises:
         SpecError: a bad key or value, a missing data file (names the key path and the fix).
@@ -88,10 +88,10 @@ def sweep(path: str | Path, *, overrides: Mapping[str, object] | None = None, ad
 
     Args:
         path: the sweep YAML.
-        overrides: dotted keys to values, applied to the YAML before validation, as ``nas sweep --set``
-            (``{"search.trials": 4}``).
-        address: a Ray cluster address (``auto``, ``ray://HOST:10001``); None starts a local Ray.
-        resume: require an earlier start of this sweep (``nas sweep --resume``).
+        overrides: dotted keys to values, applied to the YAML before validation, as `nas sweep --set`
+            (`{"search.trials": 4}`).
+        address: a Ray cluster address (`auto`, `ray://HOST:10001`); None starts a local Ray.
+        resume: require an earlier start of this sweep (`nas sweep --resume`).
 
     Raises:
         SpecError: bad input (nothing is started). BackendError: the tracking store, the Optuna storage or the
@@ -105,8 +105,8 @@ def sweep(path: str | Path, *, overrides: Mapping[str, object] | None = None, ad
 
 def run_spec(spec: "SweepSpec", path: str | Path, *, address: str | None = None,
              resume: bool = False) -> "SweepResult":
-    """:func:`sweep` of a loaded spec (``nas sweep``, which loads it from a YAML or from a sweep's saved copy):
-    its backends checked first (:func:`nas.preflight.check_backends`), then :func:`nas.search.run_sweep`.
+    """`sweep` of a loaded spec (`nas sweep`, which loads it from a YAML or from a sweep's saved copy):
+    its backends checked first (`nas.preflight.check_backends`), then `nas.search.run_sweep`.
 
     Raises:
         BackendError: the tracking store, the Optuna storage or the Ray address does not answer (nothing
@@ -122,17 +122,17 @@ def run_spec(spec: "SweepSpec", path: str | Path, *, address: str | None = None,
 def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
           overrides: Mapping[str, object] | None = None, progress: bool | None = None) -> "TrainResult":
     """Train the sweep's supernet without Ray (resuming from its checkpoint), tracked as one MLflow run
-    with one nested run per training stage (``nas train``).
+    with one nested run per training stage (`nas train`).
 
     Args:
         spec: the sweep YAML or its loaded spec.
-        out_dir: the checkpoint folder (default ``<workdir>/<name>/supernet``).
-        overrides: with a YAML path: dotted keys to values, as ``nas train --set`` (``{"train.steps": 2}``).
+        out_dir: the checkpoint folder (default `<workdir>/<name>/supernet`).
+        overrides: with a YAML path: dotted keys to values, as `nas train --set` (`{"train.steps": 2}`).
         progress: show a progress bar (default: when stderr is a terminal).
 
     Raises:
-        SpecError: bad input (``overrides`` with a loaded spec too). RunLockedError: another process (a sweep, ``nas train``) writes into the run
-            folder ``<workdir>/<name>``, or into ``out_dir`` when it lies outside that folder; nothing is written.
+        SpecError: bad input (`overrides` with a loaded spec too). RunLockedError: another process (a sweep, `nas train`) writes into the run
+            folder `<workdir>/<name>`, or into `out_dir` when it lies outside that folder; nothing is written.
     """
     from nas.locks import lock_folder, run_lock
     from nas.space import SweepSpec
@@ -189,15 +189,15 @@ def _train_locked(spec: "SweepSpec", target: Path, progress: bool | None) -> "Tr
 def retrain(spec: "str | Path | SweepSpec", *, run_id: str | None = None, best: bool = False,
             arch: str | None = None, out_dir: str | Path | None = None, experiment: str | None = None,
             metric: str = "bleu", where: Sequence[str] = (), progress: bool | None = None) -> "RetrainResult":
-    """Train one sub-Transformer alone with the YAML's ``retrain:`` recipe, resumably, tracked as an MLflow run with
-    tag ``nas.role=retrain`` (``nas retrain``; :func:`nas.retraining.retrain`).
+    """Train one sub-Transformer alone with the YAML's `retrain:` recipe, resumably, tracked as an MLflow run with
+    tag `nas.role=retrain` (`nas retrain`; `nas.retraining.retrain`).
 
     Args:
         spec: the sweep YAML or its loaded spec.
-        run_id: a FINISHED trial run (a unique prefix of its id is enough); or ``best``: the best trial by
-            ``metric`` meeting its sweep's constraints (and ``where``) in ``experiment`` (default the YAML's); or
-            ``arch``: a hand-designed arch (summary string, JSON or an ``arch.json`` path). Exactly one.
-        out_dir: default ``<workdir>/<name>/retrain/<arch_id>-<init>-seed<seed>``.
+        run_id: a FINISHED trial run (a unique prefix of its id is enough); or `best`: the best trial by
+            `metric` meeting its sweep's constraints (and `where`) in `experiment` (default the YAML's); or
+            `arch`: a hand-designed arch (summary string, JSON or an `arch.json` path). Exactly one.
+        out_dir: default `<workdir>/<name>/retrain/<arch_id>-<init>-seed<seed>`.
         progress: a progress bar (default: when stderr is a terminal).
 
     Raises:
@@ -216,20 +216,20 @@ def retrain(spec: "str | Path | SweepSpec", *, run_id: str | None = None, best: 
 def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int = 10, sweep_id: str | None = None,
                 status: str = "FINISHED", where: Sequence[str] = (), include_infeasible: bool = False,
                 pareto: bool = False, objectives: str | None = None) -> "pandas.DataFrame":
-    """The best trials of an MLflow experiment as a pandas DataFrame (``nas leaderboard``), best first.
+    """The best trials of an MLflow experiment as a pandas DataFrame (`nas leaderboard`), best first.
 
-    One row a trial, one column a :class:`nas.tracking.LeaderboardRow` field: ``run_id``, ``arch``, ``bleu``,
-    ``chrf`` (0-100), ``params_m`` (millions), ``latency_ms`` (ms), ``valid_loss`` (nats per token), ``sweep_id``,
-    ``arch_id``, ``pareto``, ``feasible``, ``latency_ratio``, and the retrained scores beside the inherited ones
-    (``retrain_bleu``, ..., where ``nas retrain`` trained the trial's arch).
+    One row a trial, one column a `nas.tracking.LeaderboardRow` field: `run_id`, `arch`, `bleu`,
+    `chrf` (0-100), `params_m` (millions), `latency_ms` (ms), `valid_loss` (nats per token), `sweep_id`,
+    `arch_id`, `pareto`, `feasible`, `latency_ratio`, and the retrained scores beside the inherited ones
+    (`retrain_bleu`, ..., where `nas retrain` trained the trial's arch).
 
     Args:
         experiment: default: the newest sweep's.
-        metric: the ranking metric (``bleu``, ``chrf``, ``valid_loss``, ``params_m``, ``latency_ms``).
-        where: constraints ``METRIC OP NUMBER`` (``"latency_ms<=40"``), all of which must hold.
-        include_infeasible: also rank trials that break their sweep's ``search.constraints``.
-        pareto: mark the trials on the Pareto front of ``objectives`` (default ``bleu:max,latency_ms:min``, or
-            the sweep's with ``sweep_id``) in the ``pareto`` column.
+        metric: the ranking metric (`bleu`, `chrf`, `valid_loss`, `params_m`, `latency_ms`).
+        where: constraints `METRIC OP NUMBER` (`"latency_ms<=40"`), all of which must hold.
+        include_infeasible: also rank trials that break their sweep's `search.constraints`.
+        pareto: mark the trials on the Pareto front of `objectives` (default `bleu:max,latency_ms:min`, or
+            the sweep's with `sweep_id`) in the `pareto` column.
 
     Raises:
         NasError: an unknown metric, status, constraint or experiment; no sweep in the tracking store.
@@ -256,11 +256,11 @@ def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int
 
 
 def average_checkpoints(supernet_dir: str | Path, last: int, out_dir: str | Path) -> Path:
-    """Average the weights of the newest ``last`` training snapshots of ``supernet_dir`` into the new folder
-    ``out_dir`` (``nas average``; fairseq's ``average_checkpoints``, :func:`trainers.average.average_checkpoints`).
+    """Average the weights of the newest `last` training snapshots of `supernet_dir` into the new folder
+    `out_dir` (`nas average`; fairseq's `average_checkpoints`, `trainers.average.average_checkpoints`).
 
     Raises:
-        NasError: fewer snapshots than ``last``; ``out_dir`` holds files (nothing is written).
+        NasError: fewer snapshots than `last`; `out_dir` holds files (nothing is written).
     """
     from trainers.average import average_checkpoints as _average
 
@@ -269,10 +269,10 @@ def average_checkpoints(supernet_dir: str | Path, last: int, out_dir: str | Path
 
 
 def load_export(directory: str | Path) -> "Exported":
-    """Load a folder written by ``nas export`` (no supernet needed); ``.translate(sentences)`` on it.
+    """Load a folder written by `nas export` (no supernet needed); `.translate(sentences)` on it.
 
     Raises:
-        NasError: ``directory`` is not a path; MissingFileError: the folder or a file of the export is missing;
+        NasError: `directory` is not a path; MissingFileError: the folder or a file of the export is missing;
             DamagedFileError: a file is truncated or invalid (each names the file).
     """
     from nas.export import load_export as _load
@@ -286,13 +286,13 @@ def translate(export: "str | Path | Exported", sentences: Sequence[str], *, beam
     """Detokenized translations of raw source sentences with an exported sub-Transformer (beam search).
 
     Args:
-        export: an export folder, or what :func:`load_export` returned (load once, translate often).
+        export: an export folder, or what `load_export` returned (load once, translate often).
         sentences: raw source sentences.
         beam_size: default: the export's.
 
     Raises:
-        NasError: ``sentences`` is a string (pass a list of sentences) or holds a non-string; the export is
-            missing or damaged (:func:`load_export`).
+        NasError: `sentences` is a string (pass a list of sentences) or holds a non-string; the export is
+            missing or damaged (`load_export`).
     """
     if isinstance(sentences, (str, bytes)):
         raise NasError("translate(export, sentences): sentences is one string; pass a list of sentences, e.g. "

@@ -545,7 +545,10 @@ def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet ha
     from nas.builders import prepare_sweep_data
     from nas.search import check_supernet, log_fidelity, run_fidelity, warning_text
 
+    from nas.preflight import check_tracking_store
+
     try:
+        check_tracking_store(read_only=False)  # it logs a run: a server that refuses is one line, within seconds
         check_supernet(spec, file)
         data = prepare_sweep_data(spec)
         result = run_fidelity(spec, data, k=k, steps=steps, metric=metric, seed=seed, out_dir=out_dir)

@@ -10,4 +10,4 @@ PYTHON=${PYTHON:-python3}
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 sed -e 's/\[[^]]*\]//' docker/requirements.txt > "$constraints"
-.venv/bin/python -m pip install -q -c "$constraints" -e ".[test,serve]"
+.venv/bin/python -m pip install -q -c "$constraints" -e ".[test,serve,docs]"

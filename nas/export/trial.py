@@ -1,11 +1,11 @@
-"""Export a trial (or a retrained model) tracked in MLflow: the user job behind ``nas export`` and ``nas.export``.
+"""Export a trial (or a retrained model) tracked in MLflow: the user job behind `nas export` and `nas.export`.
 
-:func:`export_trial` finds the run (``--run-id``, a unique prefix of it, or ``--best`` under its sweep's
+`export_trial` finds the run (`--run-id`, a unique prefix of it, or `--best` under its sweep's
 constraints), fetches the weights (the supernet on this machine or logged to MLflow; a retrain run's own weights),
-writes the export folder (:func:`nas.export.folder.export_arch`) and, on request, the ONNX graphs (verified with
+writes the export folder (`nas.export.folder.export_arch`) and, on request, the ONNX graphs (verified with
 onnxruntime), their int8 version, a CTranslate2 folder (checked against PyTorch) and a registered MLflow model.
-It prints nothing: what a user should read comes back in :attr:`ExportResult.messages` and
-:attr:`ExportResult.warnings`, which the CLI prints.
+It prints nothing: what a user should read comes back in `ExportResult.messages` and
+`ExportResult.warnings`, which the CLI prints.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["ExportCheckFailed", "ExportResult", "export_trial"]
 FALLBACK_SENTENCES = ("a", "the house .", "two people are walking down the street .", "1 2 3")
 """What the export checks translate when the sweep logged no validation file (any text tokenizes)."""
 ONNX_LOGIT_TOLERANCE = 1e-4
-"""Largest |logit difference| between the ONNX graphs and PyTorch that :func:`export_trial` accepts."""
+"""Largest |logit difference| between the ONNX graphs and PyTorch that `export_trial` accepts."""
 
 
 class ExportCheckFailed(RuntimeError):
@@ -34,18 +34,18 @@ class ExportCheckFailed(RuntimeError):
 
 @dataclass
 class ExportResult:
-    """What :func:`export_trial` wrote.
+    """What `export_trial` wrote.
 
     Attributes:
-        path: the export folder (``model.safetensors``, ``model.json``, ``arch.json``, ``spm.model``,
-            ``export.json``; ONNX and CTranslate2 files when asked).
+        path: the export folder (`model.safetensors`, `model.json`, `arch.json`, `spm.model`,
+            `export.json`; ONNX and CTranslate2 files when asked).
         run_id: the exported MLflow run (a trial, or a retrain run).
         arch: the exported sub-Transformer.
-        retrained: the weights are a retrain run's (``nas retrain``), not the supernet's crop.
-        metrics: the run's MLflow metrics (BLEU, chrF, ``latency_ms``, ...).
-        feasible: with ``best``: whether the trial meets its sweep's ``search.constraints`` (None: not judged).
+        retrained: the weights are a retrain run's (`nas retrain`), not the supernet's crop.
+        metrics: the run's MLflow metrics (BLEU, chrF, `latency_ms`, ...).
+        feasible: with `best`: whether the trial meets its sweep's `search.constraints` (None: not judged).
         onnx_max_diff: the largest |logit difference| of the ONNX graphs against PyTorch (None: no ONNX).
-        registered: ``(name, version)`` of the registered MLflow model (None: not registered).
+        registered: `(name, version)` of the registered MLflow model (None: not registered).
         messages: lines for the user (what was written and how to use it), in order.
         warnings: lines for the user that need attention (an infeasible trial exported).
     """
@@ -71,26 +71,26 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
     Args:
         out_dir: folder to write: new, empty or an earlier export (replaced as a whole, atomically).
         run_id: a trial run, or a retrain run (its retrained weights); a unique prefix of the id is enough.
-        best: instead of ``run_id``, the best trial of ``experiment`` by ``metric`` that meets its sweep's
-            ``search.constraints`` (any trial with ``include_infeasible``) and every ``where`` (``METRIC OP NUMBER``).
-        experiment: for ``best`` (default: the newest sweep's, :func:`nas.tracking.latest_experiment`).
-        onnx: also write ``encoder.onnx``, ``decoder_step.onnx`` and ``translate_onnx.py``, verified with
-            onnxruntime (at most :data:`ONNX_LOGIT_TOLERANCE` from PyTorch's logits).
-        quantize: ``"int8"``: also the int8 ONNX graphs (implies ``onnx``).
-        ctranslate2: also ``<out>/ctranslate2``, whose greedy translations must equal PyTorch's (needs the
-            ``serve`` extra); the sub-Transformer must be a plain Transformer.
-        register: also log the export as an MLflow pyfunc model registered under this name (alias ``champion``).
-        force: replace ``out_dir`` even if it holds files and is not an earlier export (never the current folder,
+        best: instead of `run_id`, the best trial of `experiment` by `metric` that meets its sweep's
+            `search.constraints` (any trial with `include_infeasible`) and every `where` (`METRIC OP NUMBER`).
+        experiment: for `best` (default: the newest sweep's, `nas.tracking.latest_experiment`).
+        onnx: also write `encoder.onnx`, `decoder_step.onnx` and `translate_onnx.py`, verified with
+            onnxruntime (at most `ONNX_LOGIT_TOLERANCE` from PyTorch's logits).
+        quantize: `"int8"`: also the int8 ONNX graphs (implies `onnx`).
+        ctranslate2: also `<out>/ctranslate2`, whose greedy translations must equal PyTorch's (needs the
+            `serve` extra); the sub-Transformer must be a plain Transformer.
+        register: also log the export as an MLflow pyfunc model registered under this name (alias `champion`).
+        force: replace `out_dir` even if it holds files and is not an earlier export (never the current folder,
             its ancestors or the home folder).
 
     Returns:
-        :class:`ExportResult`.
+        `ExportResult`.
 
     Raises:
-        NasError: bad input, checked before anything is written: not exactly one of ``run_id``/``best``, an
-            unknown, ambiguous or parent run id, no trial meeting the constraints, an ``out_dir`` that is not
-            replaceable, an arch CTranslate2 cannot represent, a missing ``ctranslate2`` package; a missing or
-            damaged weights file (:class:`nas.errors.MissingFileError`, :class:`nas.errors.DamagedFileError`).
+        NasError: bad input, checked before anything is written: not exactly one of `run_id`/`best`, an
+            unknown, ambiguous or parent run id, no trial meeting the constraints, an `out_dir` that is not
+            replaceable, an arch CTranslate2 cannot represent, a missing `ctranslate2` package; a missing or
+            damaged weights file (`nas.errors.MissingFileError`, `nas.errors.DamagedFileError`).
         ExportCheckFailed: the ONNX graphs or the CTranslate2 model disagree with PyTorch (the folder is written).
     """
     from nas import tracking
@@ -190,7 +190,7 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
 
 
 def _sentences(valid: Path | None, n: int) -> list[str]:
-    """The first ``n`` source sentences of the sweep's validation file (real ones), else :data:`FALLBACK_SENTENCES`."""
+    """The first `n` source sentences of the sweep's validation file (real ones), else `FALLBACK_SENTENCES`."""
     if valid is None:
         return list(FALLBACK_SENTENCES)
     import pyarrow.parquet as pq
@@ -199,7 +199,7 @@ def _sentences(valid: Path | None, n: int) -> list[str]:
 
 
 def _infeasible_warning(tracking, run) -> list[str]:
-    """One line when trial ``run`` breaks its sweep's search.constraints, naming each bound and the value."""
+    """One line when trial `run` breaks its sweep's search.constraints, naming each bound and the value."""
     from nas.space.constraints import violated
 
     parent = run.data.tags.get(tracking.TAG_PARENT)
@@ -219,7 +219,7 @@ def _infeasible_warning(tracking, run) -> list[str]:
 
 
 def _check_ctranslate2(arch, supernet_config: Path) -> None:
-    """Raise NasError when ``arch`` has a choice CTranslate2 cannot represent, or ctranslate2 is missing."""
+    """Raise NasError when `arch` has a choice CTranslate2 cannot represent, or ctranslate2 is missing."""
     from nas.export.ct2 import ctranslate2_problem, require_ctranslate2
 
     config = json.loads(supernet_config.read_text(encoding="utf-8")) if supernet_config.is_file() else {}
@@ -254,7 +254,7 @@ def _write_onnx(result: ExportResult, valid: Path | None, quantize: str | None) 
 
 
 def _write_ctranslate2(result: ExportResult, valid: Path | None) -> None:
-    """Convert the export to ``<path>/ctranslate2`` and check its greedy translations of the first validation
+    """Convert the export to `<path>/ctranslate2` and check its greedy translations of the first validation
     sentences against PyTorch's."""
     from nas.export.ct2 import Ct2Translator, export_ctranslate2
     from nas.export.folder import load_export
@@ -272,7 +272,7 @@ def _write_ctranslate2(result: ExportResult, valid: Path | None) -> None:
 
 
 def _register(result: ExportResult, name: str, run, valid: Path | None) -> None:
-    """Log the export folder as an MLflow pyfunc model, register it as ``name``, alias champion."""
+    """Log the export folder as an MLflow pyfunc model, register it as `name`, alias champion."""
     import mlflow
 
     from nas import tracking
