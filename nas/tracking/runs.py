@@ -7,19 +7,28 @@ and are meant to be called from the driver process only (single writer). The run
 
 from __future__ import annotations
 
+import logging
 import numbers
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import mlflow
-from mlflow.entities import Metric, Param, ViewType
-from mlflow.tracking import MlflowClient
+# The tool prints its own lines: no per-download tqdm bars (the small JSON artifacts that leaderboards, reports and
+# exports read) and no INFO lines ("Creating initial MLflow database tables...") from MLflow, unless the user asks
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+import mlflow  # noqa: E402 (after the environment it reads)
+from mlflow.entities import Metric, Param, ViewType  # noqa: E402
+from mlflow.tracking import MlflowClient  # noqa: E402
 
 from nas import faults
 from nas.errors import NasError, NotFoundError
 from nas.redact import redact_url
 from nas.tracking.layout import STAGE_NAMES, TAG_PARENT, TAG_ROLE, TAG_STAGE, TAG_SWEEP_ID, tracking_uri
+
+if "MLFLOW_LOGGING_LEVEL" not in os.environ:
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 __all__ = ["PAGE_SIZE", "get_client", "ensure_experiment", "experiment_id", "flatten", "start_run", "log_metrics",
            "log_json_artifact", "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params",
