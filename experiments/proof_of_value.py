@@ -341,8 +341,6 @@ def phase_latency(work: Path, out: Path, smoke: bool) -> None:
     the arch and the device, never of the weights (:func:`nas.eval.latency.measure_fixed_latency`), so the seeds
     of a model, and a folder serving two budgets, share one value. Whenever a model of a new arch appears, every
     arch is timed again, so that the final file was measured in one session."""
-    from nas.eval.latency import measure_fixed_latency
-    from nas.eval.measure_lock import MeasureLock
     from nas.model.io import load_model
     from nas.space.predictor_file import workload_of
 
@@ -354,15 +352,8 @@ def phase_latency(work: Path, out: Path, smoke: bool) -> None:
     stored = _read(path) or {}
     if set(stored.get("by_arch", {})) == set(folders) and stored.get("repeats") == repeats:
         return
-    lock = MeasureLock()
     loaded = {a: load_model(_abs(folder), "model").eval() for a, folder in sorted(folders.items())}
-    rounds: dict[str, list[float]] = {a: [] for a in loaded}
-    for i in range(LATENCY_ROUNDS):
-        for arch_id, model in loaded.items():
-            rounds[arch_id].append(measure_fixed_latency(
-                model, None, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
-                beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats, threads=1, lock=lock))
-        print(f"latency round {i + 1}/{LATENCY_ROUNDS}: {len(loaded)} archs", file=sys.stderr, flush=True)
+    rounds = _timed_rounds(loaded, workload, repeats, "latency")
     by_arch = {a: {"latency_ms": statistics.median(v), "rounds_ms": v} for a, v in rounds.items()}
     quiet = {key: by_arch[row["arch_id"]]["latency_ms"] for key, row in models}
     for key, row in models:
@@ -372,6 +363,23 @@ def phase_latency(work: Path, out: Path, smoke: bool) -> None:
     _write(path, {"latency_ms": quiet, "by_arch": by_arch, "reference": REFERENCE, "reference_ms": ref,
                   "latency_ratio": {k: v / ref for k, v in quiet.items()} if ref else {}, "threads": 1,
                   "workload": workload, "repeats": repeats, "rounds": LATENCY_ROUNDS})
+
+
+def _timed_rounds(models: dict[str, Any], workload: dict[str, int], repeats: int, what: str) -> dict[str, list[float]]:
+    """Each model's fixed-workload ``latency_ms`` (one thread, the node's measurement lock held) in
+    :data:`LATENCY_ROUNDS` interleaved rounds: arch id -> one value per round."""
+    from nas.eval.latency import measure_fixed_latency
+    from nas.eval.measure_lock import MeasureLock
+
+    lock = MeasureLock()
+    rounds: dict[str, list[float]] = {a: [] for a in models}
+    for i in range(LATENCY_ROUNDS):
+        for arch_id, model in models.items():
+            rounds[arch_id].append(measure_fixed_latency(
+                model, None, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
+                beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats, threads=1, lock=lock))
+        print(f"{what} round {i + 1}/{LATENCY_ROUNDS}: {len(models)} archs", file=sys.stderr, flush=True)
+    return rounds
 
 
 def reference_ms(quiet: dict[str, float], name: str = REFERENCE) -> float | None:
@@ -797,8 +805,6 @@ def phase_gpu_plan(work: Path, out: Path, smoke: bool) -> None:
 
     import yaml
 
-    from nas.eval.latency import measure_fixed_latency
-    from nas.eval.measure_lock import MeasureLock
     from nas.space.arch import Arch
     from nas.space.predictor_file import workload_of
 
@@ -816,16 +822,8 @@ def phase_gpu_plan(work: Path, out: Path, smoke: bool) -> None:
     workload, repeats = workload_of(spec.search), spec.search.latency_repeats
     timed = _read(gpu / "latency_archs.json") or {}
     if set(timed.get("by_arch", {})) != set(archs) or timed.get("repeats") != repeats:
-        lock = MeasureLock()
         models = {a: _fresh_model(spec, data, arch) for a, arch in sorted(archs.items())}
-        rounds: dict[str, list[float]] = {a: [] for a in models}
-        for i in range(LATENCY_ROUNDS):
-            for a, m in models.items():
-                rounds[a].append(measure_fixed_latency(
-                    m, None, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
-                    beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats, threads=1, lock=lock))
-            print(f"gpu_plan latency round {i + 1}/{LATENCY_ROUNDS}: {len(models)} archs", file=sys.stderr,
-                  flush=True)
+        rounds = _timed_rounds(models, workload, repeats, "gpu_plan latency")
         timed = {"by_arch": {a: {"latency_ms": statistics.median(v), "rounds_ms": v, "summary": archs[a].summary()}
                              for a, v in rounds.items()},
                  "threads": 1, "workload": workload, "repeats": repeats, "rounds": LATENCY_ROUNDS,
