@@ -69,6 +69,9 @@ def secret_store(tmp_path, monkeypatch, multi30k):
     uri = f"sqlite:///{tmp_path}/mlflow.db?password={SECRET}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
+    from nas import tracking
+
+    tracking.get_client().search_experiments()  # the store exists: read-only commands refuse a missing one
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path, workdir=str(tmp_path / "runs"))))
     return spec_file
@@ -91,6 +94,14 @@ def _invoke(args: list[str]):
 def test_not_found_errors_name_the_tracking_uri_without_its_password(secret_store, args, says):
     result, printed = _invoke(args)
     assert result.exit_code == 2 and says in printed and "mlflow.db?password=***" in printed
+
+
+def test_a_missing_store_is_named_without_the_password(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/nothing.db?password={SECRET}")
+    monkeypatch.chdir(tmp_path)
+    result, printed = _invoke(["leaderboard"])
+    assert result.exit_code == 2 and f"no MLflow store at {tmp_path / 'nothing.db'}" in printed, printed
+    assert "nothing.db?password=***" in printed and not (tmp_path / "nothing.db").exists()
 
 
 def test_sweep_status_and_the_end_of_a_sweep_show_the_tracking_uri_without_its_password(secret_store, tmp_path,

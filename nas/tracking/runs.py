@@ -53,14 +53,19 @@ def require_store() -> None:
     Raises:
         NotFoundError: the URI is a SQLite file that does not exist (names the file and the two fixes).
     """
+    from sqlalchemy.engine import make_url
+
     uri = tracking_uri()
-    if not uri.startswith("sqlite:///"):
+    if not uri.startswith("sqlite:"):
         return
-    path = Path(uri[len("sqlite:///"):])
+    database = make_url(uri).database  # the file, without the URI's query (which may hold a password)
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
     if not path.is_file():
-        raise NotFoundError(f"no MLflow store at {path.resolve()}: run from the folder the sweep ran in (it holds "
-                            "mlflow.db), or set MLFLOW_TRACKING_URI (e.g. sqlite:////abs/path/mlflow.db or "
-                            "http://host:5000)")
+        raise NotFoundError(f"no MLflow store at {path.resolve()} (tracking URI {redact_url(uri)}): run from the "
+                            "folder the sweep ran in (it holds mlflow.db), or set MLFLOW_TRACKING_URI (e.g. "
+                            "sqlite:////abs/path/mlflow.db or http://host:5000)")
 
 
 def ensure_experiment(name: str) -> str:
