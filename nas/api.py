@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from nas.retraining import RetrainResult
     from nas.search import SweepResult
     from nas.space import SweepSpec
+    from nas.tracking import Board
     from trainers import TrainResult
 
 __all__ = ["load_spec", "sweep", "train", "retrain", "leaderboard", "load_export", "translate"]
@@ -244,15 +245,67 @@ def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int
         raise NasError(f"leaderboard(top={top!r}): expected a positive int")
     if isinstance(where, str):
         where = (where,)
+    _, board = ranked_board(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status, where=tuple(where),
+                            include_infeasible=include_infeasible, pareto=pareto, objectives=objectives)
+    columns = [f.name for f in dataclasses.fields(tracking.LeaderboardRow)]
+    return pd.DataFrame([dataclasses.asdict(r) for r in board.rows], columns=columns)
+
+
+def ranked_board(experiment: str | None = None, **filters: object) -> "tuple[str, Board]":
+    """`(experiment, board)`: the tracking store checked read-only (one line within seconds when it does not
+    answer; nothing is created), the experiment defaulted to the newest sweep's, then
+    `nas.tracking.ranked_rows(experiment, **filters, explain=True)` (`nas leaderboard`, `nas.leaderboard`).
+
+    Raises:
+        BackendError: the store does not answer. NasError: no sweep in the store, a bad filter.
+    """
+    from nas import tracking
     from nas.preflight import check_tracking_store
 
     check_tracking_store(read_only=True)
     experiment = experiment or tracking.latest_experiment()
-    rows = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                where=tuple(where), include_infeasible=include_infeasible, pareto=pareto,
-                                objectives=objectives).rows
-    columns = [f.name for f in dataclasses.fields(tracking.LeaderboardRow)]
-    return pd.DataFrame([dataclasses.asdict(r) for r in rows], columns=columns)
+    return experiment, tracking.ranked_rows(experiment, explain=True, **filters)
+
+
+def sweep_spec(path: str | Path | None, name: str | None = None, *, workdir: str | Path = "nas_runs",
+               check_files: bool = True, overrides: Sequence[str] = ()) -> "SweepSpec":
+    """The spec of the sweep YAML `path` (whose `name` must be `name` if given), else of the sweep `name`
+    in `workdir`: the copy of its YAML saved when it started (`--set` overrides included), with
+    `overrides` (`KEY.PATH=VALUE` items) on top (`nas sweep [FILE] --resume/--status NAME`).
+
+    Without `path`, the process moves to the folder the sweep started in (`os.chdir`), where its relative
+    data paths and the default `sqlite:///mlflow.db` resolve: a documented exception to "no chdir" until
+    `load_spec` and `tracking_uri` take a base folder (issue 29 notes it).
+
+    Raises:
+        SpecError: an unreadable YAML or sweep record; NasError: neither `path` nor `name`, a name that
+            differs from the YAML's, no sweep `name` in `workdir`, its start folder gone.
+    """
+    import os
+
+    from nas.search import SPEC_COPY, read_sweep_record
+    from nas.space import load_spec as _load
+
+    if path is not None:
+        spec = _load(path, check_files=check_files, overrides=tuple(overrides))
+        if name and spec.name != name:
+            raise NasError(f"{path}: name is {spec.name!r}, not {name!r}; pass the YAML of sweep {name!r} or "
+                           "leave FILE out")
+        return spec
+    if not name:
+        raise NasError("pass a sweep YAML (nas sweep FILE), or --resume NAME / --status NAME")
+    workdir = Path(workdir)
+    record = read_sweep_record(workdir / name)
+    if record is None:
+        raise NasError(f"no sweep named {name!r} in {workdir} (no {workdir / name / 'sweep.json'}); pass its YAML "
+                       f"(nas sweep FILE --resume {name}) or --workdir DIR")
+    copy = (workdir / name / SPEC_COPY).resolve()
+    try:
+        os.chdir(record.cwd)
+    except OSError as e:
+        raise NasError(f"sweep {name!r} started in {record.cwd}, which is not available ({e.strerror}); pass its "
+                       f"YAML: nas sweep FILE --resume {name}") from None
+    return _load(copy, check_files=check_files, overrides=tuple(overrides))
 
 
 def average_checkpoints(supernet_dir: str | Path, last: int, out_dir: str | Path) -> Path:

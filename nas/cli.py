@@ -5,18 +5,17 @@ Bad input (a YAML error, a missing file, an unknown run) prints one clear line a
 
 from __future__ import annotations
 
-
 import json
 import os
-import random
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from nas import cli_tools
+from nas.cli_common import SET_HELP, check_output_option, err, fail, load_yaml, out
 from nas.errors import NasError
 from nas.redact import redact_url
 
@@ -24,56 +23,7 @@ from nas.redact import redact_url
 # only cluttered the tables that leaderboard, report and export print.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-space_app = typer.Typer(no_args_is_help=True, help="Inspect a search space.")
-app.add_typer(space_app, name="space")
-latency_app = typer.Typer(no_args_is_help=True, help="Latency predictors (HAT-style) for this device.")
-app.add_typer(latency_app, name="latency")
-err = Console(stderr=True, soft_wrap=True)
-out = Console(width=None if sys.stdout.isatty() else 160)  # wide tables when piped to a file or CI log
-
-
-def _fail(message: str, code: int = 2) -> None:
-    """Print ``error: MESSAGE`` and exit with ``code``; bad input (2) always on one line, while a failed run (1)
-    keeps its lines (the errors of its trials, one a line)."""
-    err.print("[bold red]error:[/bold red] " + escape(_one_line(message) if code == 2 else message), highlight=False)
-    raise typer.Exit(code)
-
-
-def _one_line(message: str) -> str:
-    """``message`` on one line: several lines (a YAML with several problems, each ``<file>: <key>: ...``) are
-    joined by ``; `` with the prefix they share (up to a ``": "``) written once."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) <= 1:
-        return "".join(lines)
-    shared = os.path.commonprefix(lines)
-    shared = shared[: shared.rfind(": ") + 2] if ": " in shared else ""
-    return shared + "; ".join(line[len(shared):] for line in lines)
-
-
-def _output_file(path: Optional[Path], option: str = "--out") -> None:
-    """Fail (exit 2) before any work when the file ``path`` given by ``option`` is an existing folder."""
-    from nas.io import check_output_file
-
-    if path is not None:
-        try:
-            check_output_file(path)
-        except NasError as e:
-            _fail(f"{option}: {e}")
-
-
-_SET_HELP = ("Override a YAML value, KEY.PATH=VALUE (value read as YAML), e.g. --set train.steps=2 "
-             "--set search.trials=1 (repeatable).")
-
-
-def _load(file: Path, check_files: bool = True, check_predictor: Optional[bool] = None, overrides=()):
-    from nas.space import SpecError, load_spec
-
-    try:
-        return load_spec(file, check_files=check_files, check_predictor=check_predictor, overrides=tuple(overrides or ()))
-    except SpecError as e:
-        _fail(str(e))
 
 
 @app.command()
@@ -87,7 +37,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
                                                     "MLflow, then exit."),
           workdir: Path = typer.Option(Path("nas_runs"), help="Where --resume/--status NAME look without FILE "
                                                                "(the YAML's workdir)."),
-          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
+          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=SET_HELP)) -> None:
     """Train the supernet (or reuse a trained one) and run the Optuna search; prints the leaderboard.
 
     Running it again continues the sweep named by the YAML's `name` (after a crash or a kill): finished trials are kept, unfinished ones run again, nothing is duplicated.
@@ -95,15 +45,21 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     Exit codes: 0 done, 1 every trial failed (the errors are listed), 2 bad input.
     """
     if resume and status:
-        _fail("pass --resume NAME or --status NAME, not both")
+        fail("pass --resume NAME or --status NAME, not both")
     if not status:
         from nas import faults
 
         try:  # a test-only hook; a malformed value would otherwise fail every trial
             faults.check()
         except NasError as e:
-            _fail(str(e))
-    spec = _spec_for(file, resume or status, workdir, check_files=not status, overrides=overrides or ())
+            fail(str(e))
+    from nas.api import sweep_spec
+    from nas.space import SpecError
+
+    try:
+        spec = sweep_spec(file, resume or status, workdir=workdir, check_files=not status, overrides=overrides or ())
+    except (SpecError, NasError) as e:
+        fail(str(e))
     from nas import tracking
     from nas.search import SweepFailed
 
@@ -115,7 +71,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
             check_backends(spec, None)
             lines = sweep_status(spec).lines()
         except NasError as e:
-            _fail(str(e))
+            fail(str(e))
         out.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
         return
     from nas.api import run_spec
@@ -123,9 +79,9 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     try:  # its backends are checked first (one line within seconds), before Ray, MLflow or any folder
         result = run_spec(spec, file or spec.run_dir / "sweep.yaml", address=address, resume=bool(resume))
     except NasError as e:
-        _fail(str(e))
+        fail(str(e))
     except SweepFailed as e:
-        _fail(str(e), code=1)
+        fail(str(e), code=1)
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
@@ -141,48 +97,18 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
               f"{escape(redact_url(tracking.tracking_uri()))}", highlight=False)
 
 
-def _spec_for(file: Optional[Path], name: Optional[str], workdir: Path, check_files: bool = True, overrides=()):
-    """The spec of ``file`` (whose name must be ``name`` if given), else of sweep ``name`` in ``workdir``:
-    the YAML copy saved when it started (``--set`` overrides included), read from the folder it started in;
-    ``overrides`` (``--set``) applied on top."""
-    if file is not None:
-        spec = _load(file, check_files=check_files, overrides=overrides)
-        if name and spec.name != name:
-            _fail(f"{file}: name is {spec.name!r}, not {name!r}; pass the YAML of sweep {name!r} or leave FILE out")
-        return spec
-    if not name:
-        _fail("pass a sweep YAML (nas sweep FILE), or --resume NAME / --status NAME")
-    from nas.search import SPEC_COPY, read_sweep_record
-    from nas.space import SpecError
-
-    try:
-        record = read_sweep_record(workdir / name)
-    except SpecError as e:
-        _fail(str(e))
-    if record is None:
-        _fail(f"no sweep named {name!r} in {workdir} (no {workdir / name / 'sweep.json'}); pass its YAML "
-              f"(nas sweep FILE --resume {name}) or --workdir DIR")
-    copy = (workdir / name / SPEC_COPY).resolve()
-    try:
-        os.chdir(record.cwd)  # relative data paths and the default sqlite:///mlflow.db resolve where it started
-    except OSError as e:
-        _fail(f"sweep {name!r} started in {record.cwd}, which is not available ({e.strerror}); pass its YAML: "
-              f"nas sweep FILE --resume {name}")
-    return _load(copy, check_files=check_files, overrides=overrides)
-
-
 @app.command()
 def train(file: Path = typer.Argument(..., help="Sweep YAML; its data, supernet, space and train sections are used."),
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Checkpoint folder (default: <workdir>/<name>/supernet)."),
-          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
+          overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=SET_HELP)) -> None:
     """Train the supernet standalone (no Ray), resuming from its checkpoint; tracked as one MLflow run."""
-    spec = _load(file, check_predictor=False, overrides=overrides)  # the predictor is used by sweeps only
+    spec = load_yaml(file, check_predictor=False, overrides=overrides)  # the predictor is used by sweeps only
     from nas.api import train as train_tracked
 
     try:
         result = train_tracked(spec, out_dir)
     except NasError as e:  # e.g. a full disk (DiskFullError): the previous checkpoint is kept, rerun to resume
-        _fail(str(e))
+        fail(str(e))
     out.print_json(json.dumps(result.metrics))
 
 
@@ -199,17 +125,17 @@ def retrain(file: Path = typer.Argument(..., help="Sweep YAML; its retrain secti
             experiment: Optional[str] = typer.Option(None, help="Experiment for --best (default: the YAML's)."),
             where: Optional[list[str]] = typer.Option(None, "--where", help="With --best: only trials meeting METRIC "
                                                       "OP NUMBER (repeatable)."),
-            overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=_SET_HELP)) -> None:
+            overrides: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY.PATH=VALUE", help=SET_HELP)) -> None:
     """Train one sub-Transformer alone with the YAML's retrain recipe (resumable), tracked as an MLflow run with
     tag nas.role=retrain; export it with nas export --run-id."""
-    spec = _load(file, check_predictor=False, overrides=overrides)
+    spec = load_yaml(file, check_predictor=False, overrides=overrides)
     from nas.retraining import retrain as run_retrain
 
     try:
         result = run_retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
                              metric=metric, where=where or ())
     except NasError as e:
-        _fail(str(e))
+        fail(str(e))
     m = result.metrics
     out.print(f"retrained {escape(result.arch.summary())} ({result.recipe['init']}, seed {result.recipe['seed']}, "
               f"{result.recipe['steps']} steps): BLEU {m['bleu']:.2f}, chrF {m['chrf']:.2f}, latency "
@@ -219,20 +145,7 @@ def retrain(file: Path = typer.Argument(..., help="Sweep YAML; its retrain secti
               f"nas export --run-id {result.run_id[:8]} --out DIR", highlight=False, soft_wrap=True)
 
 
-@app.command()
-def average(supernet_dir: Path = typer.Argument(..., help="Supernet folder written by `nas train` (holds snapshots/)."),
-            last: int = typer.Option(..., "--last", min=1, help="Average the newest N snapshots."),
-            out_dir: Path = typer.Option(..., "--out", help="New folder for the averaged supernet (must not hold files).")) -> None:
-    """Average the weights of the newest N training snapshots into a new supernet folder (fairseq average_checkpoints)."""
-    from nas.api import average_checkpoints
-
-    try:
-        path = average_checkpoints(supernet_dir, last, out_dir)
-    except (FileNotFoundError, FileExistsError, NasError) as e:
-        _fail(str(e))
-    steps = json.loads((path / "average.json").read_text())["steps"]
-    out.print(f"averaged {len(steps)} snapshots of {escape(str(supernet_dir))} (steps {', '.join(map(str, steps))}) "
-              f"into {escape(str(path))}", highlight=False, soft_wrap=True)
+app.command()(cli_tools.average)
 
 
 @app.command()
@@ -261,27 +174,22 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     front) unless --include-infeasible; the feasible column says which.
     """
     if fmt == "table" and out_file is not None:
-        _fail(f"--out {out_file}: the table is printed, not written; pass --format csv, json or parquet to write "
+        fail(f"--out {out_file}: the table is printed, not written; pass --format csv, json or parquet to write "
               f"a file")
-    _output_file(out_file)
-    _output_file(plot_file, "--plot")
+    check_output_option(out_file)
+    check_output_option(plot_file, "--plot")
     from nas import tracking
-
-    from nas.preflight import check_tracking_store
+    from nas.api import ranked_board
 
     try:
-        check_tracking_store(read_only=True)
-        experiment = experiment or tracking.latest_experiment()
-        board = tracking.ranked_rows(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
-                                     where=where or (), include_infeasible=include_infeasible,
-                                     pareto=pareto or plot_file is not None, objectives=objectives,
-                                     page_size=page_size, keep_points=plot_file is not None)
+        experiment, board = ranked_board(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status,
+                                         where=where or (), include_infeasible=include_infeasible,
+                                         pareto=pareto or plot_file is not None, objectives=objectives,
+                                         page_size=page_size, keep_points=plot_file is not None)
         if plot_file is not None and len(board.scan.objectives) != 2:
             raise NasError(f"--plot needs exactly two objectives, got --objectives {objectives!r}")
-        why = None if board.rows else tracking.empty_reason(experiment, sweep_id, status, where or (),
-                                                            include_infeasible)
     except NasError as e:
-        _fail(str(e))
+        fail(str(e))
     rows, scan = board.rows, board.scan
     for line in board.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
@@ -291,9 +199,8 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
         write_pareto_plot(scan, plot_file, title=f"{experiment}{f' / {sweep_id}' if sweep_id else ''}: "
                                                  f"{len(scan.front)} of {scan.scanned} trials on the front")
         out.print(f"wrote the Pareto plot to {escape(str(plot_file))}", highlight=False)
-    if why:
-        err.print(escape(why), highlight=False)
-    note = tracking.feasibility_note(experiment, sweep_id, include_infeasible)
+    if board.why_empty:
+        err.print(escape(board.why_empty), highlight=False)
     if fmt == "table":
         out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
         if scan is not None:
@@ -301,14 +208,14 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
                       f"matching trials; {sum(bool(r.pareto) for r in rows)} in this table (marked *)", highlight=False)
     else:
         if out_file is None:
-            _fail(f"--format {fmt} needs --out FILE")
+            fail(f"--format {fmt} needs --out FILE")
         try:
             path = tracking.write_leaderboard(rows, fmt, out_file)
         except NasError as e:
-            _fail(str(e))
+            fail(str(e))
         out.print(f"wrote {len(rows)} rows to {path}")
-    if note:
-        out.print(escape(note), highlight=False)
+    if board.note:
+        out.print(escape(board.note), highlight=False)
 
 
 @app.command()
@@ -331,9 +238,9 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
     from nas.report import FORMATS, build_report, write_report
 
     if fmt not in FORMATS:
-        _fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+        fail(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     out_file = out_file or Path(f"report-{sweep_id}.{fmt}")
-    _output_file(out_file)
+    check_output_option(out_file)
     from nas.preflight import check_tracking_store
 
     try:
@@ -341,11 +248,11 @@ def report(sweep_id: str = typer.Argument(..., help="Sweep id (the nas.sweep_id 
         rep = build_report(sweep_id, experiment=experiment, top=top, storage=storage, study_name=study,
                            include_infeasible=include_infeasible)
     except NasError as e:
-        _fail(str(e))
+        fail(str(e))
     try:
         paths = write_report(rep, out_file, fmt)
     except NasError as e:  # the Markdown report's PNG beside it is a folder
-        _fail(str(e))
+        fail(str(e))
     out.print(f"wrote {', '.join(escape(str(p)) for p in paths)}: {rep.scanned} finished trials, {len(rep.front)} on the "
               f"front ({', '.join(map(str, rep.objectives))})", highlight=False)
     if rep.constraints:
@@ -399,9 +306,9 @@ def export(out_dir: Path = typer.Option(..., "--out", help="Folder to write: new
                               where=where or (), include_infeasible=include_infeasible, onnx=onnx,
                               quantize=quantize, ctranslate2=ctranslate2, register=register, force=force)
     except NasError as e:
-        _fail(str(e))
+        fail(str(e))
     except ExportCheckFailed as e:
-        _fail(str(e), code=1)
+        fail(str(e), code=1)
     for line in result.warnings:
         err.print(f"[yellow]warning:[/yellow] {escape(line)}", highlight=False)
     for line in result.messages:
@@ -435,7 +342,7 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
         source = "stdin" if input_file is None else str(input_file)
         raw = sys.stdin.buffer.read() if input_file is None else input_file.read_bytes()
     except (NasError, OSError) as e:
-        _fail(str(e) if isinstance(e, NasError) else f"cannot read {input_file}: {e.strerror}")
+        fail(str(e) if isinstance(e, NasError) else f"cannot read {input_file}: {e.strerror}")
     from nas.export import load_export
     from nas.export.text import decode_lines, translate_lines
 
@@ -443,7 +350,7 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
         lines = decode_lines(raw, source)
         model = load_export(directory)
     except NasError as e:  # a missing or damaged file of the export (names it)
-        _fail(str(e))
+        fail(str(e))
     long_lines = [i + 1 for i in model.too_long(lines)]
     if long_lines:
         shown = ", ".join(map(str, long_lines[:10])) + (f" ({len(long_lines)} in all)" if len(long_lines) > 10 else "")
@@ -470,109 +377,9 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
                   f"{len(lines) / seconds:.1f} sentences/s, {tokens / seconds:.0f} tokens/s", highlight=False)
 
 
-@space_app.command("show")
-def space_show(file: Path) -> None:
-    """Dimensions, number of sub-Transformers and parameter counts of a sweep's space."""
-    spec = _load(file, check_files=False)
-    from rich.table import Table
-
-    from nas.builders import build_space, space_param_counts
-    from nas.space.space import format_count
-
-    space = build_space(spec)
-    table = Table(title=f"{spec.name}: search space")
-    for col in ("dimension", "choices", "scope"):
-        table.add_column(col)
-    for row in space.describe():
-        table.add_row(*row)
-    out.print(table)
-    out.print(f"sub-Transformers: {format_count(space.size())}")
-    for label, count in space_param_counts(spec, space).items():
-        out.print(f"{label}: {count / 1e6:.2f} M parameters (vocabulary {spec.data.tokenizer.vocab_size})")
-
-
-@space_app.command("sample")
-def space_sample(file: Path, seed: int = typer.Option(0, help="Random seed.")) -> None:
-    """Print a random sub-Transformer of the space as JSON."""
-    spec = _load(file, check_files=False)
-    from nas.builders import build_space
-
-    out.print_json(build_space(spec).sample(random.Random(seed)).to_json())
-
-
-@latency_app.command("fit")
-def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
-                samples: int = typer.Option(100, min=2, help="Sub-Transformers to measure (widest, narrowest, then random; at least 2; plus the latency reference)."),
-                threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: search.cpu_per_trial)."),
-                out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_<workload>.safetensors)."),
-                seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
-    """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), fit a latency
-    predictor and report its held-out RMSE and MAPE; it keeps the reference arch's latency for latency_ratio."""
-    spec = _load(file, check_predictor=False)  # it may name the file this writes
-    from nas.search import fit_latency
-
-    try:
-        fit = fit_latency(spec, samples=samples, threads=threads, out_file=out_file, seed=seed)
-    except NasError as e:
-        _fail(str(e))
-    m, ref = fit.metrics, fit.reference
-    out.print(f"{len(fit.samples)} sub-Transformers measured on {fit.samples[0]['device']}, workload {fit.workload}; "
-              f"reference ({spec.search.latency_reference}) {ref['latency_ms']:.2f} ms", highlight=False)
-    out.print(f"held-out RMSE {m['rmse_ms']:.2f} ms, MAPE {m['mape']:.1f}% "
-              f"({int(m['holdout_samples'])} of {len(fit.samples)} held out); predictor: {fit.path}")
-
-
-@app.command()
-def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),
-             k: int = typer.Option(8, "--k", min=2, help="Sub-Transformers compared: the narrowest, the widest and K-2 "
-                                                         "spread over parameter count."),
-             steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Standalone training steps per "
-                                                 "sub-Transformer, from scratch (default: the YAML's train.steps)."),
-             metric: str = typer.Option("bleu", help="bleu | valid_loss: the validation score whose rankings are compared."),
-             seed: int = typer.Option(0, help="Seed of the sampled sub-Transformers and the standalone initialisation."),
-             out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for arch_<id>.json and fidelity.json "
-                                                    "(default: <workdir>/<name>/fidelity/steps_<N>_seed_<S>).")) -> None:
-    """Ranking fidelity: inherited-weight scores of K sub-Transformers against the same ones trained from scratch
-    (Kendall tau, Spearman rho). Resumable: rerun it to continue."""
-    from nas.search import FIDELITY_METRICS as METRICS
-
-    if metric not in METRICS:
-        _fail(f"--metric {metric!r}: expected one of {' | '.join(METRICS)}")
-    spec = _load(file, check_predictor=False)
-    from rich.table import Table
-
-    from nas import tracking
-    from nas.builders import prepare_sweep_data
-    from nas.search import check_supernet, log_fidelity, run_fidelity, warning_text
-
-    from nas.preflight import check_tracking_store
-
-    try:
-        check_tracking_store(read_only=False)  # it logs a run: a server that refuses is one line, within seconds
-        check_supernet(spec, file)
-        data = prepare_sweep_data(spec)
-        result = run_fidelity(spec, data, k=k, steps=steps, metric=metric, seed=seed, out_dir=out_dir)
-    except (FileNotFoundError, NasError) as e:
-        _fail(str(e))
-    table = Table(title=f"{spec.name}: ranking fidelity ({metric}, {result.steps} standalone steps)")
-    for col, justify in (("arch", "left"), ("params (M)", "right"), ("inherited", "right"), ("standalone", "right")):
-        table.add_column(col, justify=justify, overflow="fold")
-    digits = 3 if metric == "valid_loss" else 2
-    for r in result.rows:
-        table.add_row(escape(r["arch_summary"]), f"{r['params_m']:.2f}", f"{r['inherited'][metric]:.{digits}f}",
-                      f"{r['standalone'][metric]:.{digits}f}")
-    out.print(table)
-    c = result.correlation
-    out.print(f"Kendall tau {c.kendall_tau:.3f} (p {c.kendall_p:.3f}), Spearman rho {c.spearman_rho:.3f} "
-              f"(p {c.spearman_p:.3f}) over {len(result.rows)} sub-Transformers; {result.trained} trained now, "
-              f"{len(result.rows) - result.trained} reused from {escape(str(result.out_dir))}", highlight=False)
-    note = warning_text(result)
-    if note:
-        out.print(f"[yellow]warning: {escape(note)}[/yellow]", highlight=False)
-    run_id = log_fidelity(spec, result)
-    out.print(f"wrote {escape(str(result.path))}; MLflow: experiment '{escape(spec.experiment)}', run {run_id} "
-              f"at {escape(redact_url(tracking.tracking_uri()))}", highlight=False)
-
+app.add_typer(cli_tools.space_app, name="space")
+app.add_typer(cli_tools.latency_app, name="latency")
+app.command()(cli_tools.fidelity)
 
 if __name__ == "__main__":
     app()

@@ -25,15 +25,20 @@ class Board:
     rows: list[LeaderboardRow]
     scan: ParetoScan | None = None
     warnings: list[str] = field(default_factory=list)
+    why_empty: str | None = None
+    """With ``explain`` and no row: why (:func:`empty_reason`)."""
+    note: str | None = None
+    """With ``explain``: which constraints the ranking applied (:func:`feasibility_note`)."""
 
 
 def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_id: str | None = None,
                 status: str = "FINISHED", where: Sequence[str] = (), include_infeasible: bool = False,
                 pareto: bool = False, objectives: str | None = None, page_size: int = PAGE_SIZE,
-                keep_points: bool = False) -> Board:
+                keep_points: bool = False, explain: bool = False) -> Board:
     """The ``top`` trials of ``experiment`` by ``metric`` (:func:`leaderboard`), or with ``pareto`` those of a
     :func:`pareto_scan` of ``objectives`` (default: the sweep's with ``sweep_id``, else
-    :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`).
+    :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`); with ``explain``,
+    also why it is empty and which constraints applied (``Board.why_empty``, ``Board.note``).
 
     Raises:
         NasError: an unknown metric, status, constraint or objective; NotFoundError: ``sweep_id`` has no parent
@@ -63,7 +68,12 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
     else:
         rows = leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status, where=tuple(where),
                            page_size=page_size, include_infeasible=include_infeasible)
-    return Board(with_retrained(experiment, rows), scan, warnings)
+    board = Board(with_retrained(experiment, rows), scan, warnings)
+    if explain:
+        if not board.rows:
+            board.why_empty = empty_reason(experiment, sweep_id, status, where, include_infeasible)
+        board.note = feasibility_note(experiment, sweep_id, include_infeasible)
+    return board
 
 
 def empty_reason(experiment: str, sweep_id: str | None, status: str, where: Sequence[str],
