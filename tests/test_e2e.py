@@ -99,9 +99,9 @@ def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
 
 def test_the_sweep_output_is_the_tools_own(sweep):
     """Issue 30: no Ray Tune banners (its configuration table, "Number of trials 9223372036854775807", TensorBoard
-    hints), no colour codes in a log, and each trial's line whole (arch strings are never wrapped)."""
+    hints, the local cluster's token-authentication warning), no colour codes in a log, and each trial's line whole (arch strings are never wrapped)."""
     _, _, _, log = sweep
-    for noise in ("TensorBoard", "Number of trials", "View detailed results", "\x1b["):
+    for noise in ("TensorBoard", "Number of trials", "View detailed results", "\x1b[", "Token authentication"):
         assert noise not in log, f"{noise!r} in the sweep's output:\n{log}"
     done = [line for line in log.splitlines() if " done: BLEU" in line]
     assert done and all("enc[" in line and "dec[" in line for line in done), log

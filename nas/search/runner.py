@@ -15,6 +15,7 @@ taken before data is prepared or anything is written) keeps two drivers off one 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
@@ -171,6 +172,11 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
 # --------------------------------------------------------------------------- Ray
 
 
+def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
+    """A logging filter: False for Ray's notice that it turned token authentication on (nothing to act on)."""
+    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+
+
 def _connect(address: str | None) -> bool:
     """Start (or join) Ray unless it runs in this process already; returns whether this call connected."""
     if ray.is_initialized():
@@ -181,6 +187,9 @@ def _connect(address: str | None) -> bool:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if not sys.stderr.isatty():  # the workers' lines reach a log: no colour codes around their "(pid=...)" prefix
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+    # a new local Ray turns token authentication on and says so in a WARNING each start: the security stays, the
+    # line goes (RAY_AUTH_MODE set now would come too late: Ray read its config when imported)
+    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_drop_token_auth_notice)
     kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)
