@@ -273,9 +273,9 @@ def sweep_spec(path: str | Path | None, name: str | None = None, *, workdir: str
     in `workdir`: the copy of its YAML saved when it started (`--set` overrides included), with
     `overrides` (`KEY.PATH=VALUE` items) on top (`nas sweep [FILE] --resume/--status NAME`).
 
-    Without `path`, the process moves to the folder the sweep started in (`os.chdir`), where its relative
-    data paths and the default `sqlite:///mlflow.db` resolve: a documented exception to "no chdir" until
-    `load_spec` and `tracking_uri` take a base folder (issue 29 notes it).
+    Without `path`, the copy's relative paths (data files, `workdir`, ...) are read against the folder the
+    sweep started in, and, unless `MLFLOW_TRACKING_URI` is set, it is set to that folder's
+    `sqlite:///.../mlflow.db` (the store the sweep started with); the current folder is not changed.
 
     Raises:
         SpecError: an unreadable YAML or sweep record; NasError: neither `path` nor `name`, a name that
@@ -299,13 +299,14 @@ def sweep_spec(path: str | Path | None, name: str | None = None, *, workdir: str
     if record is None:
         raise NasError(f"no sweep named {name!r} in {workdir} (no {workdir / name / 'sweep.json'}); pass its YAML "
                        f"(nas sweep FILE --resume {name}) or --workdir DIR")
-    copy = (workdir / name / SPEC_COPY).resolve()
-    try:
-        os.chdir(record.cwd)
-    except OSError as e:
-        raise NasError(f"sweep {name!r} started in {record.cwd}, which is not available ({e.strerror}); pass its "
-                       f"YAML: nas sweep FILE --resume {name}") from None
-    return _load(copy, check_files=check_files, overrides=tuple(overrides))
+    start = Path(record.cwd)
+    if not start.is_dir():
+        raise NasError(f"sweep {name!r} started in {start}, which is not available here; pass its YAML: "
+                       f"nas sweep FILE --resume {name}")
+    spec = _load(workdir / name / SPEC_COPY, check_files=check_files, overrides=tuple(overrides), base_dir=start)
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{(start / 'mlflow.db').resolve()}"
+    return spec
 
 
 def average_checkpoints(supernet_dir: str | Path, last: int, out_dir: str | Path) -> Path:

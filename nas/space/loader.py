@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from nas.space.datafiles import check_data_files
 from nas.space.errors import SpecError, format_validation_error, key_path
 from nas.space.predictor_file import read_predictor_meta, workload_mismatch, workload_of, workload_tag
+from nas.space.rebase import rebase_paths
 from nas.space.schema import REDACTED, SweepSpec
 from nas.space.space import SearchSpace
 
@@ -142,7 +143,7 @@ def apply_overrides(raw: Any, overrides: tuple[str, ...] | list[str], source: st
 
 
 def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bool | None = None,
-              overrides: tuple[str, ...] | list[str] = ()) -> SweepSpec:
+              overrides: tuple[str, ...] | list[str] = (), base_dir: str | Path | None = None) -> SweepSpec:
     """Read and validate a sweep YAML; nothing is started or written, and torch is not imported.
 
     String values may reference environment variables as ``${VAR}``; the substituted values are kept on the
@@ -161,6 +162,9 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
     ``overrides``: ``KEY.PATH=VALUE`` items (``nas sweep FILE --set train.steps=2``) applied to the YAML before
     validation (:func:`apply_overrides`); the spec then keeps the effective YAML (:meth:`SweepSpec.yaml_text`),
     which the sweep saves as its copy, so ``--resume`` continues with the same values.
+
+    ``base_dir``: the folder that relative paths (data files, ``workdir``, ``data.cache_dir``, ...) are relative to,
+    default the current one (:func:`nas.space.rebase.rebase_paths`).
     """
     path = Path(path)
     try:
@@ -184,6 +188,8 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
                        + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
     raw = _interpolate(raw, (), secrets, str(path))
+    if base_dir is not None:
+        raw = rebase_paths(raw, Path(base_dir), SweepSpec)
     source = f"{path} (with --set {', '.join(overrides)})" if overrides else str(path)
     spec = parse_spec(raw, source).keep_secrets(secrets).keep_source(source_text)
     _check_points(spec, str(path))
