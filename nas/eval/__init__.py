@@ -7,10 +7,11 @@ What lives where (every public name below is re-exported here and loaded on firs
   chrF, sacrebleu), :func:`valid_loss` (NLL, nats per target token), :func:`encode_sources`, :class:`Scores`.
 - :mod:`nas.eval.validation`: :func:`validation_scores` (BLEU, chrF and validation loss of a sub-Transformer: the
   one scoring recipe of the search, the trainer, fidelity and fine-tuning) on a :class:`ValidationSet` loaded once.
-- :mod:`nas.eval.latency`: :func:`measure_fixed_latency` (a trial's ``latency_ms``: HAT's fixed workload),
-  :func:`resolve_reference` (``latency_ratio``'s reference arch), :func:`measure_latency` (median ms per batch of
-  real sentences), :func:`collect_samples`, :func:`collect_fixed_samples`, :func:`fit_predictor_file`,
-  :func:`arch_features` and the HAT-style :class:`LatencyPredictor`, :func:`check_drift`, :func:`describe_device`.
+- :mod:`nas.eval.latency` (modules timing, predictor, samples): :func:`measure_fixed_latency` (a trial's
+  ``latency_ms``: HAT's fixed workload), :func:`resolve_reference` (``latency_ratio``'s reference arch),
+  :func:`measure_latency` (median ms per batch of real sentences), :func:`collect_samples`,
+  :func:`collect_fixed_samples`, :func:`fit_predictor_file`, :func:`arch_features` and the HAT-style
+  :class:`LatencyPredictor`, :func:`check_drift`, :func:`describe_device`.
 - :mod:`nas.eval.measure_lock`: :class:`MeasureLock`, the node-wide lock that a latency measurement holds alone
   and other scoring work holds shared (standard library only).
 

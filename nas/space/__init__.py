@@ -8,7 +8,8 @@ What lives where (each module imports only those above it; none imports torch, R
   ``nas leaderboard --where`` (:class:`Constraint`, :func:`parse_constraint`, :data:`METRIC_NAMES`).
 - :mod:`nas.space.errors`: :class:`SpecError` (a :class:`nas.errors.NasError`: exit 2) and pydantic errors
   rewritten as one line per problem naming the key path.
-- :mod:`nas.space.schema`: the pydantic models of the YAML (:class:`SweepSpec` and its sections).
+- :mod:`nas.space.schema`: the pydantic models of the YAML (:class:`SweepSpec` and its sections, a module per
+  section).
 - :mod:`nas.space.datafiles`: the up-front checks of the data files the YAML names.
 - :mod:`nas.space.predictor_file`: a latency predictor's file read without torch (format, feature names).
 - :mod:`nas.space.params`: :func:`arch_params`, a sub-Transformer's parameter count from its arch and the

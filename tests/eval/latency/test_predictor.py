@@ -1,6 +1,5 @@
-"""Latency: the fixed workload (exactly ``tgt_tokens`` decoder steps whatever the weights, HAT's trimmed mean), the
-predictor (features, fitting a known relation, save/load with its workload and reference, drift), real
-measurements."""
+"""The latency predictor (:mod:`nas.eval.latency.predictor`): features, fitting a known relation, save/load with
+its workload and reference, drift."""
 
 from __future__ import annotations
 
@@ -9,43 +8,12 @@ import math
 import random
 
 import pytest
-import torch
 
 from nas.errors import NasError
-from nas.eval.latency import (DEFAULT_WORKLOAD, FEATURE_NAMES, LatencyPredictor, arch_features, check_drift,
-                              collect_samples, measure_fixed_latency, measure_latency, trimmed_mean)
-from nas.model import decode
-from nas.model.supernet import SuperTransformer
-from nas.space.predictor_file import read_predictor_meta
+from nas.eval.latency import DEFAULT_WORKLOAD, FEATURE_NAMES, LatencyPredictor, arch_features, check_drift
 from nas.space.arch import Arch, StackArch
-from nas.space.space import SearchSpace
-from nas.space import parse_spec
-
-MODEL_DIM = 32
-
-# Per-layer widths, depths, paths/kernels under a layout condition: every feature group varies.
-SPACE = {
-    "encoder_layers": {"values": [1, 2, 3]},
-    "decoder_layers": {"values": [1, 2]},
-    "width": {"values": [8, 16, 32], "per_layer": True},
-    "ffn_width": {"values": [16, 32, 64], "per_layer": True},
-    "branches": {"values": [1, 2], "per_layer": True},
-    "layout": {"values": ["sequential", "prime"], "per_layer": True},
-    "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
-    "kernels": {"values": [[], [3]], "per_layer": True, "when": {"layout": "prime"}},
-}
-
-
-def _space(space: dict = SPACE, **supernet) -> tuple[SearchSpace, object]:
-    raw = {
-        "name": "t",
-        "data": {"train": {"src": "a.en", "tgt": "a.de"}, "valid": {"src": "b.en", "tgt": "b.de"}},
-        "supernet": {"model_dim": MODEL_DIM, "heads": 2, "head_dim": 8, "encoder_layers": 3, "decoder_layers": 2,
-                     "kernels": [3], **supernet},
-        "space": space,
-    }
-    spec = parse_spec(raw)
-    return SearchSpace.from_spec(spec), spec
+from nas.space.predictor_file import read_predictor_meta
+from tests.eval.latency.conftest import MODEL_DIM, tiny_space
 
 
 def _stack(n: int, width: int = 16, paths: int = 1) -> StackArch:
@@ -54,7 +22,7 @@ def _stack(n: int, width: int = 16, paths: int = 1) -> StackArch:
 
 def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
     """latency_ms = 0.05 * sum(width) + 1.0 * layers + 2, times (1 + N(0, noise))."""
-    space, _ = _space()
+    space, _ = tiny_space()
     rng = random.Random(seed)
     samples = []
     for _ in range(n):
@@ -69,7 +37,7 @@ def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
 # ---- features ------------------------------------------------------------------------------------
 
 def test_features_have_one_value_per_name_for_every_sampled_arch():
-    space, _ = _space()
+    space, _ = tiny_space()
     rng = random.Random(0)
     for arch in [space.widest(), space.narrowest(), *(space.sample(rng) for _ in range(20))]:
         features = arch_features(arch, MODEL_DIM)
@@ -150,7 +118,7 @@ def test_fit_uses_only_samples_on_its_workload_and_says_which_exist():
 
 def test_save_and_load_give_identical_predictions_and_keep_workload_and_reference(tmp_path):
     samples = _synthetic(40, seed=5)
-    space, _ = _space()
+    space, _ = tiny_space()
     workload = {"src_tokens": 12, "tgt_tokens": 9, "beam": 4, "batch": 1}
     samples = [{**s, "workload": workload} for s in samples]
     reference = space.narrowest().to_json()
@@ -204,105 +172,3 @@ def test_check_drift_warns_only_beyond_the_tolerance():
     assert check_drift(11.0, 10.0, tolerance=0.05) is not None
     with pytest.raises(ValueError, match="measured_ms=0"):
         check_drift(1.0, 0.0)
-
-
-# ---- measuring on a real supernet ---------------------------------------------------------------
-
-def _tiny_supernet(seed: int) -> tuple[SearchSpace, SuperTransformer]:
-    torch.manual_seed(seed)
-    space, spec = _space({"encoder_layers": {"values": [1, 2]}, "width": {"values": [16, 32], "per_layer": True},
-                          "ffn_width": {"values": [32, 64]}}, encoder_layers=2, decoder_layers=1, kernels=[])
-    return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()
-
-
-def test_the_fixed_workload_runs_exactly_tgt_tokens_decoder_steps_whatever_the_weights(monkeypatch):
-    steps = []
-    real = decode.IncrementalDecoder.step
-
-    def counting(self, tokens):
-        steps.append(tokens.size(0))  # rows decoded this step: batch * beam
-        return real(self, tokens)
-
-    monkeypatch.setattr(decode.IncrementalDecoder, "step", counting)
-    for seed in (0, 1):  # two random supernets: different weights, different argmaxes
-        space, supernet = _tiny_supernet(seed)
-        for arch in (space.narrowest(), space.widest()):
-            steps.clear()
-            ms = measure_fixed_latency(supernet, arch, src_tokens=7, tgt_tokens=11, beam_size=3, batch_size=2,
-                                       repeats=1, warmup=0)
-            assert steps == [2 * 3] * 11 and ms > 0  # every step decodes all beams of both sentences
-            steps.clear()
-            measure_fixed_latency(supernet, arch, src_tokens=7, tgt_tokens=11, beam_size=3, repeats=2, warmup=1)
-            assert len(steps) == 3 * 11  # warm-up and timed runs alike
-
-
-def test_trimmed_mean_drops_the_top_and_bottom_tenth_as_hat_does():
-    assert trimmed_mean([float(x) for x in range(1, 21)]) == pytest.approx(10.5)  # 3..18 averaged
-    assert trimmed_mean([10.0] * 18 + [0.0, 1000.0]) == 10.0  # one outlier at each end: gone
-    assert trimmed_mean([1.0, 2.0, 6.0]) == 3.0  # fewer than 10: all kept
-    with pytest.raises(ValueError, match="no timings"):
-        trimmed_mean([])
-
-
-def test_measure_fixed_latency_rejects_a_workload_beyond_the_model():
-    _, supernet = _tiny_supernet(0)
-    with pytest.raises(ValueError, match="tgt_tokens=64 exceed the model's max_positions=64"):
-        measure_fixed_latency(supernet, None, tgt_tokens=64)
-    with pytest.raises(ValueError, match=r"^repeats=0 must be >= 1; warmup=-1 must be >= 0$"):
-        measure_fixed_latency(supernet, None, repeats=0, warmup=-1)
-
-
-def test_collect_samples_times_real_extracted_models_on_the_workload_with_the_reference():
-    space, supernet = _tiny_supernet(0)
-    workload = {"src_tokens": 6, "tgt_tokens": 5, "beam": 2, "batch": 1}
-    samples = collect_samples(supernet, space, 3, workload=workload, seed=0, repeats=2, warmup=1, threads=1,
-                              progress=False)
-    assert len(samples) == 3 and len({s["arch_id"] for s in samples}) == 3
-    assert samples[0]["arch"] == space.widest().to_dict() and samples[1]["arch"] == space.narrowest().to_dict()
-    assert [s["reference"] for s in samples] == [False, True, False]  # default reference: the narrowest
-    assert all(math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0 for s in samples)
-    assert all(s["workload"] == workload and (s["batch_size"], s["beam_size"]) == (1, 2) for s in samples)
-    assert all("(1 thread)" in s["device"] for s in samples)
-    json.dumps(samples)  # JSON-ready for `nas latency fit`'s samples file
-    middle = space.middle()
-    assert middle.arch_id not in {s["arch_id"] for s in samples}
-    more = collect_samples(supernet, space, 3, workload=workload, reference=middle, seed=0, repeats=1, warmup=0,
-                           threads=1, progress=False)
-    assert len(more) == 4 and [s["arch_id"] for s in more if s["reference"]] == [middle.arch_id]
-
-
-def test_measure_latency_rejects_a_batch_larger_than_the_sentences():
-    space, spec = _space({}, encoder_layers=1, decoder_layers=1, kernels=[], ffn_width=32)
-    supernet = SuperTransformer(50, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=32)
-    with pytest.raises(ValueError, match="batch_size=4 needs at least 4 sentences; got 2"):
-        measure_latency(supernet, None, [[5, 3], [6, 3]], batch_size=4)
-
-
-def test_latency_fit_without_a_trained_supernet_names_the_folder_and_exits_2(multi30k, tmp_path):
-    import yaml
-    from typer.testing import CliRunner
-
-    from nas.cli import app
-    from tests.conftest import tiny_spec_dict
-
-    spec_file = tmp_path / "tiny.yaml"
-    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
-    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file)])
-    assert result.exit_code == 2
-    assert "no trained supernet" in " ".join(result.output.split()) and "supernet" in result.output
-
-
-def test_latency_fit_onto_a_folder_fails_before_measuring(multi30k, tmp_path):
-    import yaml
-    from typer.testing import CliRunner
-
-    from nas.cli import app
-    from tests.conftest import tiny_spec_dict
-
-    spec_file = tmp_path / "tiny.yaml"
-    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
-    (tmp_path / "predictors").mkdir()
-    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file), "--out", str(tmp_path / "predictors")])
-    assert result.exit_code == 2
-    assert f"--out: {tmp_path / 'predictors'} is a folder, not a file" in " ".join(result.stderr.split())
-    assert list((tmp_path / "predictors").iterdir()) == []

@@ -1,0 +1,354 @@
+"""HAT's latency predictor (sec. 3.3) on this project's unified layer: the arch features
+(:func:`arch_features`), the MLP from them to log latency on one fixed workload (:class:`LatencyPredictor`: fit,
+predict, save and load), :func:`fit_predictor_file` (what ``nas latency fit`` and the evolutionary search write) and
+:func:`check_drift` (a prediction against a fresh measurement).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from nas.errors import NasError
+from nas.eval.latency.timing import DEFAULT_WORKLOAD, torch_threads
+from nas.io import atomic_path, atomic_write_text
+from nas.space.arch import Arch, StackArch
+from nas.space.predictor_file import (FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta, workload_mismatch,
+                                     workload_of, workload_tag)
+from nas.space.schema import SweepSpec
+
+__all__ = ["FEATURE_NAMES", "arch_features", "LatencyPredictor", "fit_predictor_file", "check_drift"]
+
+
+def _stack_features(stack: StackArch) -> list[float]:
+    n = stack.layers
+    mean_sum = lambda values: [sum(values) / n, float(sum(values))]
+    dims = stack.layer_dims()
+    return [
+        float(n),
+        *mean_sum(stack.width), *mean_sum(stack.ffn_width), *mean_sum(stack.branches),
+        *mean_sum(stack.paths), *mean_sum(stack.units),
+        float(sum(d.layout == "prime" for d in dims)),
+        float(sum(sum(d.kernels) for d in dims)),
+        float(sum(d.units > 1 and d.unit_dependency == "sequential" for d in dims)),
+        float(sum(d.width * d.branches * d.paths * d.units for d in dims)),
+        float(sum(d.ffn_width * d.paths * d.units for d in dims)),
+    ]
+
+
+def arch_features(arch: Arch, model_dim: int) -> list[float]:
+    """The fixed-length feature vector of ``arch`` (``len == len(FEATURE_NAMES)``; see there).
+
+    Extends HAT's features (sec. 3.3: layer counts and per-stack averages of the embedding,
+    FFN and head dimensions) with the sums and the dimensions of the unified layer.
+
+    Args:
+        arch: the sub-Transformer; an optional ``arch.model_width`` (type-1 Scalable
+            Transformers) is its model width C, None meaning ``model_dim``.
+        model_dim: the supernet's model width (channels).
+
+    Raises:
+        ValueError: ``model_dim`` (or ``arch.model_width``) below 1.
+    """
+    model_width = arch.model_width or model_dim
+    if model_width < 1:
+        raise ValueError(f"model width {model_width} must be >= 1 (model_dim={model_dim})")
+    return [*_stack_features(arch.encoder), *_stack_features(arch.decoder), float(model_width)]
+
+
+def _mlp(features: int, hidden: int, hidden_layers: int) -> nn.Sequential:
+    """HAT's predictor: ``hidden_layers`` Linear+ReLU blocks of ``hidden`` units, then one output."""
+    layers: list[nn.Module] = []
+    width = features
+    for _ in range(hidden_layers):
+        layers += [nn.Linear(width, hidden), nn.ReLU()]
+        width = hidden
+    layers.append(nn.Linear(width, 1))
+    return nn.Sequential(*layers)
+
+
+def _as_arch(arch: Arch | Mapping[str, Any]) -> Arch:
+    return arch if isinstance(arch, Arch) else Arch.from_dict(arch)
+
+
+class LatencyPredictor:
+    """An MLP from standardized :func:`arch_features` to log latency (HAT sec. 3.3) on one fixed workload.
+
+    HAT uses 3 hidden layers of 400 units; the default here is smaller (64), ample for a
+    few hundred samples. The target is ``log(latency_ms)`` standardized, so the squared
+    error is a relative one (latencies span an order of magnitude across a space).
+
+    Args:
+        model_dim: the supernet's model width C (channels), for :func:`arch_features`.
+        hidden: units per hidden layer.
+        hidden_layers: hidden Linear+ReLU layers.
+        workload: the workload it predicts (``src_tokens``, ``tgt_tokens``, ``beam``, ``batch``:
+            :func:`workload_of`; None: :data:`DEFAULT_WORKLOAD`); ``fit`` uses only samples measured on it.
+        device: where the samples were measured (:func:`describe_device`).
+        reference_ms: the measured latency (ms) of ``reference_arch`` on the workload, ``latency_ratio``'s
+            denominator with ``search.latency: predicted`` (None: not measured).
+        reference_arch: that arch (:meth:`Arch.to_json`).
+
+    Raises:
+        ValueError: ``hidden`` or ``hidden_layers`` below 1; a workload lacking a key; ``reference_ms`` not
+            positive.
+    """
+
+    def __init__(self, model_dim: int, *, hidden: int = 64, hidden_layers: int = 3,
+                 workload: Mapping[str, int] | None = None, device: str = "", reference_ms: float | None = None,
+                 reference_arch: str | None = None) -> None:
+        if hidden < 1 or hidden_layers < 1:
+            raise ValueError(f"hidden={hidden} and hidden_layers={hidden_layers} must be >= 1")
+        workload = dict(DEFAULT_WORKLOAD if workload is None else workload)
+        missing = [k for k in DEFAULT_WORKLOAD if k not in workload]
+        if missing:
+            raise ValueError(f"workload {workload} lacks {', '.join(missing)}")
+        if reference_ms is not None and not (math.isfinite(reference_ms) and reference_ms > 0):
+            raise ValueError(f"reference_ms={reference_ms} must be positive and finite")
+        self.model_dim, self.hidden, self.hidden_layers = model_dim, hidden, hidden_layers
+        self.workload = {k: int(workload[k]) for k in DEFAULT_WORKLOAD}
+        self.device, self.reference_ms, self.reference_arch = device, reference_ms, reference_arch
+        self.net = _mlp(len(FEATURE_NAMES), hidden, hidden_layers)
+        self.feature_mean = torch.zeros(len(FEATURE_NAMES))
+        self.feature_std = torch.ones(len(FEATURE_NAMES))
+        self.target_mean, self.target_std = 0.0, 1.0
+        self.metrics: dict[str, float] = {}
+        self.fitted = False
+
+    @property
+    def batch_size(self) -> int:
+        """Sentences per batch of the workload."""
+        return self.workload["batch"]
+
+    @property
+    def beam_size(self) -> int:
+        """Beams per sentence of the workload."""
+        return self.workload["beam"]
+
+    def _measured_on_mine(self, sample: Mapping[str, Any]) -> bool:
+        """A sample with a ``workload`` must have this one; an older one without, this batch and beam size."""
+        if "workload" in sample:
+            return workload_mismatch(sample["workload"], self.workload) is None
+        return (sample.get("batch_size", self.batch_size), sample.get("beam_size", self.beam_size)) == \
+            (self.batch_size, self.beam_size)
+
+    def _x(self, archs: Sequence[Arch]) -> torch.Tensor:
+        x = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
+        return ((x - self.feature_mean.double()) / self.feature_std.double()).float()
+
+    def _ms(self, y: torch.Tensor) -> torch.Tensor:
+        """Standardized log latency ``[n]`` -> milliseconds ``[n]``."""
+        return torch.exp(y.double() * self.target_std + self.target_mean)
+
+    def fit(self, samples: Sequence[Mapping[str, Any]], *, holdout: float = 0.2, epochs: int = 1000,
+            lr: float = 3e-3, weight_decay: float = 1e-4, seed: int = 0) -> dict[str, float]:
+        """Train on the samples measured on this predictor's workload.
+
+        A seeded random ``holdout`` fraction (at least one sample) is kept out of training
+        and scored; the MLP is trained full-batch with Adam on the rest (MSE on the
+        standardized log latency). Standardization statistics come from the training part.
+
+        Args:
+            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ms`` (> 0) and ``workload``
+                (or, without one, optionally ``batch_size``/``beam_size``), as from :func:`collect_samples`.
+            holdout: fraction in [0, 1) held out; 0 trains on all and reports training error.
+            epochs: full-batch optimizer steps.
+
+        Returns:
+            ``rmse_ms`` (root mean squared error, ms) and ``mape`` (mean absolute percentage
+            error, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
+
+        Raises:
+            NasError: fewer than 2 samples on this workload (names the workloads present).
+            ValueError: a latency that is not positive and finite, or ``holdout`` outside [0, 1).
+        """
+        if not 0.0 <= holdout < 1.0:
+            raise ValueError(f"holdout={holdout} must be in [0, 1)")
+        rows = [s for s in samples if self._measured_on_mine(s)]
+        if len(rows) < 2:
+            present = sorted({workload_tag(s["workload"]) if "workload" in s
+                              else f"batch{s.get('batch_size')}-beam{s.get('beam_size')}" for s in samples})
+            raise NasError(f"{len(rows)} samples on workload {workload_tag(self.workload)} (need >= 2); the "
+                           f"samples were measured on {present}")
+        for i, s in enumerate(rows):
+            if not (math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0):
+                raise ValueError(f"samples[{i}].latency_ms={s['latency_ms']} must be positive and finite")
+        archs = [_as_arch(s["arch"]) for s in rows]
+        log_ms = torch.tensor([math.log(s["latency_ms"]) for s in rows], dtype=torch.float64)  # [n]
+        x_raw = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
+        g = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(rows), generator=g)
+        n_hold = max(1, round(holdout * len(rows))) if holdout > 0 else 0
+        hold, train = order[:n_hold], order[n_hold:]
+        self.feature_mean = x_raw[train].mean(0).float()
+        std = x_raw[train].std(0) if len(train) > 1 else torch.zeros(x_raw.size(1), dtype=torch.float64)
+        self.feature_std = torch.where(std > 1e-9, std, torch.ones_like(std)).float()  # constant feature: keep 0
+        self.target_mean = float(log_ms[train].mean())
+        self.target_std = float(log_ms[train].std()) if len(train) > 1 and float(log_ms[train].std()) > 1e-9 else 1.0
+        x = ((x_raw - self.feature_mean.double()) / self.feature_std.double()).float()  # [n, F]
+        y = ((log_ms - self.target_mean) / self.target_std).float()  # [n]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = _mlp(len(FEATURE_NAMES), self.hidden, self.hidden_layers)
+        opt = torch.optim.AdamW(self.net.parameters(), lr=lr, weight_decay=weight_decay)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(epochs, 1))
+        self.net.train()
+        with torch_threads(1):
+            for _ in range(epochs):
+                loss = nn.functional.mse_loss(self.net(x[train]).squeeze(1), y[train])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                sched.step()
+        self.net.eval()
+        self.fitted = True
+        scored = hold if n_hold else train
+        with torch.no_grad():
+            pred = self._ms(self.net(x[scored]).squeeze(1))  # [m] ms
+        true = log_ms[scored].exp()
+        self.metrics = {
+            "rmse_ms": float(((pred - true) ** 2).mean().sqrt()),
+            "mape": float(((pred - true).abs() / true).mean() * 100.0),
+            "train_samples": float(len(train)),
+            "holdout_samples": float(n_hold),
+        }
+        return dict(self.metrics)
+
+    @torch.no_grad()
+    def predict_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
+        """Predicted latency (ms) of each arch on this predictor's workload.
+
+        Raises:
+            RuntimeError: the predictor was neither fitted nor loaded.
+        """
+        if not self.fitted:
+            raise RuntimeError("the latency predictor is not fitted; call fit() or LatencyPredictor.load()")
+        if not archs:
+            return []
+        with torch_threads(1):
+            return self._ms(self.net(self._x([_as_arch(a) for a in archs])).squeeze(1)).tolist()
+
+    def predict(self, arch: Arch | Mapping[str, Any]) -> float:
+        """Predicted latency (ms) of one arch; see :meth:`predict_many`."""
+        return self.predict_many([arch])[0]
+
+    def _sidecar(self) -> dict[str, Any]:
+        return {
+            "format": PREDICTOR_FORMAT,
+            "feature_names": list(FEATURE_NAMES),
+            "feature_mean": self.feature_mean.tolist(),
+            "feature_std": self.feature_std.tolist(),
+            "target": "log_latency_ms",
+            "target_mean": self.target_mean,
+            "target_std": self.target_std,
+            "model_dim": self.model_dim,
+            "hidden": self.hidden,
+            "hidden_layers": self.hidden_layers,
+            "workload": dict(self.workload),
+            "batch_size": self.batch_size,
+            "beam_size": self.beam_size,
+            "reference_ms": self.reference_ms,
+            "reference_arch": self.reference_arch,
+            "device": self.device,
+            "metrics": self.metrics,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write the weights to ``path`` (safetensors) and the rest to ``path`` with suffix ``.json``.
+
+        Both files are written atomically (:mod:`nas.io`: a temporary sibling, fsync, ``os.replace``).
+        Returns the weights' path.
+
+        Raises:
+            RuntimeError: the predictor was neither fitted nor loaded.
+        """
+        if not self.fitted:
+            raise RuntimeError("the latency predictor is not fitted; nothing to save")
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            save_file({k: v.detach().contiguous() for k, v in self.net.state_dict().items()}, str(tmp))
+        atomic_write_text(path.with_suffix(".json"), json.dumps(self._sidecar(), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "LatencyPredictor":
+        """Read a predictor written by :meth:`save` (``path`` and its ``.json`` sidecar).
+
+        Raises:
+            FileNotFoundError: either file is missing.
+            PredictorFileError: (a :class:`NasError`) the sidecar is not a predictor's, it names no latency
+                workload (fitted before the fixed workload), or it was fitted on other features than this
+                version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
+        """
+        path = Path(path)
+        meta = read_predictor_meta(path)  # format, feature names, workload, keys, weights header (torch-free)
+        pred = cls(meta["model_dim"], hidden=meta["hidden"], hidden_layers=meta["hidden_layers"],
+                   workload=meta["workload"], device=meta.get("device", ""), reference_ms=meta.get("reference_ms"),
+                   reference_arch=meta.get("reference_arch"))
+        pred.net.load_state_dict(load_file(str(path)))
+        pred.net.eval()
+        pred.feature_mean = torch.tensor(meta["feature_mean"], dtype=torch.float32)
+        pred.feature_std = torch.tensor(meta["feature_std"], dtype=torch.float32)
+        pred.target_mean, pred.target_std = float(meta["target_mean"]), float(meta["target_std"])
+        pred.metrics = dict(meta.get("metrics", {}))
+        pred.fitted = True
+        return pred
+
+
+def fit_predictor_file(samples: Sequence[Mapping[str, Any]], spec: SweepSpec, path: str | Path, *,
+                       seed: int = 0) -> dict[str, float]:
+    """Fit a :class:`LatencyPredictor` on ``samples`` (from :func:`collect_fixed_samples`) for ``spec``'s workload,
+    keep the reference sample's latency and arch, and save it to ``path`` (+ ``.json``): what ``nas latency fit``
+    and the evolutionary search write.
+
+    Returns:
+        The fit's metrics (:meth:`LatencyPredictor.fit`).
+
+    Raises:
+        NasError: no samples, or fewer than 2 on the workload.
+    """
+    if not samples:
+        raise NasError("no latency samples to fit a predictor on")
+    reference = next((s for s in samples if s.get("reference")), None)
+    predictor = LatencyPredictor(int(samples[0].get("model_dim", spec.supernet.model_dim)),
+                                 workload=workload_of(spec.search), device=str(samples[0].get("device", "")),
+                                 reference_ms=None if reference is None else float(reference["latency_ms"]),
+                                 reference_arch=None if reference is None else _as_arch(reference["arch"]).to_json())
+    metrics = predictor.fit(samples, seed=seed)
+    predictor.save(path)
+    return metrics
+
+
+def check_drift(predicted_ms: float, measured_ms: float, tolerance: float = 0.2) -> str | None:
+    """A warning when a prediction is more than ``tolerance`` (relative) off a fresh measurement.
+
+    The error is ``|predicted - measured| / measured``; a predictor is only valid on the
+    device, thread count and torch version it was fitted on, and HAT users report drifts
+    above 20% after such changes.
+
+    Returns:
+        The warning text (both values, the error and what to do), or None within tolerance.
+
+    Raises:
+        ValueError: ``measured_ms`` not positive, ``predicted_ms`` negative or not finite,
+            or ``tolerance`` negative.
+    """
+    if not (math.isfinite(measured_ms) and measured_ms > 0):
+        raise ValueError(f"measured_ms={measured_ms} must be positive and finite")
+    if not (math.isfinite(predicted_ms) and predicted_ms >= 0):
+        raise ValueError(f"predicted_ms={predicted_ms} must be non-negative and finite")
+    if tolerance < 0:
+        raise ValueError(f"tolerance={tolerance} must be >= 0")
+    error = abs(predicted_ms - measured_ms) / measured_ms
+    if error <= tolerance:
+        return None
+    return (f"latency predictor drift: predicted {predicted_ms:.1f} ms, measured {measured_ms:.1f} ms "
+            f"({error:.0%} off, tolerance {tolerance:.0%}); the predictor was fitted on another device, "
+            f"thread count or torch version, or the space changed; refit with `nas latency fit` on this machine")

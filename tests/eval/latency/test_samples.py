@@ -1,0 +1,59 @@
+"""The predictor's dataset (:mod:`nas.eval.latency.samples`): real measurements of extracted models on the workload
+with the reference, and ``nas latency fit``'s failures before it measures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from nas.eval.latency import collect_samples
+from tests.eval.latency.conftest import tiny_supernet
+
+
+def test_collect_samples_times_real_extracted_models_on_the_workload_with_the_reference():
+    space, supernet = tiny_supernet(0)
+    workload = {"src_tokens": 6, "tgt_tokens": 5, "beam": 2, "batch": 1}
+    samples = collect_samples(supernet, space, 3, workload=workload, seed=0, repeats=2, warmup=1, threads=1,
+                              progress=False)
+    assert len(samples) == 3 and len({s["arch_id"] for s in samples}) == 3
+    assert samples[0]["arch"] == space.widest().to_dict() and samples[1]["arch"] == space.narrowest().to_dict()
+    assert [s["reference"] for s in samples] == [False, True, False]  # default reference: the narrowest
+    assert all(math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0 for s in samples)
+    assert all(s["workload"] == workload and (s["batch_size"], s["beam_size"]) == (1, 2) for s in samples)
+    assert all("(1 thread)" in s["device"] for s in samples)
+    json.dumps(samples)  # JSON-ready for `nas latency fit`'s samples file
+    middle = space.middle()
+    assert middle.arch_id not in {s["arch_id"] for s in samples}
+    more = collect_samples(supernet, space, 3, workload=workload, reference=middle, seed=0, repeats=1, warmup=0,
+                           threads=1, progress=False)
+    assert len(more) == 4 and [s["arch_id"] for s in more if s["reference"]] == [middle.arch_id]
+
+
+def test_latency_fit_without_a_trained_supernet_names_the_folder_and_exits_2(multi30k, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+    from tests.conftest import tiny_spec_dict
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
+    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file)])
+    assert result.exit_code == 2
+    assert "no trained supernet" in " ".join(result.output.split()) and "supernet" in result.output
+
+
+def test_latency_fit_onto_a_folder_fails_before_measuring(multi30k, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+    from tests.conftest import tiny_spec_dict
+
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text(yaml.safe_dump(tiny_spec_dict(multi30k, tmp_path)))
+    (tmp_path / "predictors").mkdir()
+    result = CliRunner().invoke(app, ["latency", "fit", str(spec_file), "--out", str(tmp_path / "predictors")])
+    assert result.exit_code == 2
+    assert f"--out: {tmp_path / 'predictors'} is a folder, not a file" in " ".join(result.stderr.split())
+    assert list((tmp_path / "predictors").iterdir()) == []
