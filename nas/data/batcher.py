@@ -39,7 +39,7 @@ def cut_batches(padded_lengths: Sequence[int] | np.ndarray, max_tokens: int | No
     padded = np.asarray(padded_lengths, dtype=np.int64)  # [n]
     n = len(padded)
     most = n if max_items is None else max(max_items, 1)  # items a batch may hold
-    counts = np.arange(1, 1, dtype=np.int64)  # batch sizes 1, 2, ...: grown to the longest window seen
+    counts = np.empty(0, dtype=np.int64)  # batch sizes 1, 2, ...: grown to the longest window seen
     bounds = [0]
     start = 0
     while start < n:

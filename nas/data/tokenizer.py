@@ -1,5 +1,5 @@
 """The joint SentencePiece tokenizer: :class:`Tokenizer` loads, trains, encodes and decodes one unigram model shared
-by source and target, whose special ids are :mod:`nas.data.ids`'."""
+by source and target, trained with the special ids of :mod:`nas.data.ids`."""
 
 from __future__ import annotations
 
