@@ -46,7 +46,7 @@ def main() -> None:
     import torch
 
     from nas.builders import build_space
-    from nas.data import _open_prepared
+    from nas.data import PreparedData
     from nas.eval.latency import (LatencyPredictor, collect_fixed_samples, describe_device, fit_predictor_file,
                                   measure_fixed_latency)
     from nas.eval.validation import ValidationSet, validation_scores
@@ -62,7 +62,7 @@ def main() -> None:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
     spec = load_spec(args.spec, check_files=False)
     se, ev = spec.search, spec.search.evolution
-    data = _open_prepared(args.data.resolve())
+    data = PreparedData.open(args.data.resolve())
     args.out.mkdir(parents=True, exist_ok=True)
     result: dict = {"spec": str(args.spec), "device": args.device, "threads": args.threads}
     supernet_dir = args.supernet

@@ -200,7 +200,7 @@ def run_search(scorer: Scorer, space, predictor, out: Path, score: str, seeds=SE
 def cmd_run(args) -> None:
     import torch
 
-    from nas.data import _open_prepared
+    from nas.data import PreparedData
     from nas.eval.latency import LatencyPredictor
     from nas.model.io import load_model
     from nas.space.space import SearchSpace
@@ -212,7 +212,7 @@ def cmd_run(args) -> None:
         spec = spec.model_copy(update={"search": se.model_copy(update={
             "valid_sentences": 16, "trials": 2,
             "evolution": se.evolution.model_copy(update={"population": 4, "generations": 2, "subset_sentences": 8})})})
-    data = _open_prepared(Path(args.data).resolve())
+    data = PreparedData.open(Path(args.data).resolve())
     model = load_model(args.supernet, "supernet").to(args.device).eval()
     space = SearchSpace.from_spec(spec)
     scorer = Scorer(spec, data, model)

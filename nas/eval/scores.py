@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import sacrebleu
 import torch
 
-from nas.data import EOS_ID, Batch, TokenBatcher, Tokenizer
+from nas.data import EOS_ID, Batch, TokenBatcher, Tokenizer, length_batches
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
@@ -33,22 +33,6 @@ class Scores:
 def encode_sources(tokenizer: Tokenizer, sentences: list[str], max_len: int) -> list[list[int]]:
     """Token ids of raw sentences as the decoder reads them: each cut to ``max_len - 1`` ids, then EOS."""
     return [ids[: max_len - 1] + [EOS_ID] for ids in tokenizer.encode(sentences)]
-
-
-def length_batches(lengths: list[int], max_tokens: int | None, batch_size: int) -> list[list[int]]:
-    """Indices of ``lengths`` sorted by length and cut into batches of at most ``batch_size`` items whose padded
-    size (items x longest, tokens) is at most ``max_tokens`` (None: no token bound); an item longer than
-    ``max_tokens`` gets a batch of its own (fairseq's ``--max-tokens`` batching)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    batches: list[list[int]] = []
-    for i in order:
-        chunk = batches[-1] if batches else None
-        if (chunk is None or len(chunk) >= batch_size
-                or (max_tokens is not None and (len(chunk) + 1) * lengths[i] > max_tokens)):
-            batches.append([i])
-        else:
-            chunk.append(i)
-    return batches
 
 
 def source_batches(ids: list[list[int]], todo: list[int], max_tokens: int | None,

@@ -10,7 +10,6 @@ from typer.testing import CliRunner
 
 from nas.cli import app
 from nas.data import Tokenizer, read_lines
-from nas.eval.scores import length_batches
 from nas.export import export_arch, load_export
 from nas.model import SuperTransformer
 from nas.model.io import save_model
@@ -111,16 +110,3 @@ def test_a_file_line_that_is_not_utf8_names_the_file(exported, tmp_path):
     (tmp_path / "in.en").write_bytes("ok\ncaf\u00e9\n".encode("latin-1"))
     result = CliRunner().invoke(app, ["translate", str(exported), "--input", str(tmp_path / "in.en")])
     assert result.exit_code == 2 and f"{tmp_path / 'in.en'} line 2 is not UTF-8" in result.stderr, result.stderr
-
-
-@pytest.mark.parametrize("max_tokens", [None, 1, 7, 20, 1000])
-def test_length_batches_cover_each_sentence_once_within_the_token_bound(max_tokens):
-    lengths = [5, 1, 9, 3, 3, 12, 7, 2, 8, 4]
-    batches = length_batches(lengths, max_tokens, batch_size=3)
-    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
-    flat = [lengths[i] for b in batches for i in b]
-    assert flat == sorted(lengths)  # shortest first, in one pass
-    for b in batches:
-        assert len(b) <= 3
-        if len(b) > 1 and max_tokens is not None:
-            assert len(b) * max(lengths[i] for i in b) <= max_tokens

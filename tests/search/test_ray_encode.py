@@ -10,8 +10,8 @@ import pyarrow.ipc
 import pytest
 import ray
 
-import nas.data as data_module
-from nas.data import prepare_data
+import nas.data.cache as cache_module
+from nas.data import prepare_data, read_lines
 from nas.search.ray_encode import RayEncoders
 
 SMALL = {"vocab_size": 400, "max_train_pairs": 1000, "max_valid_pairs": 20, "progress": False}
@@ -35,7 +35,7 @@ def _train_table(root: Path) -> pa.Table:
 
 
 def test_shards_encoded_on_ray_equal_a_local_preparation(files, tmp_path, monkeypatch, local_ray):
-    monkeypatch.setattr(data_module, "_SHARD_PAIRS", 200)  # 5 shards
+    monkeypatch.setattr(cache_module, "_SHARD_PAIRS", 200)  # 5 shards
     pools: list[RayEncoders] = []
 
     def on_ray(model, work, max_len):
@@ -55,7 +55,7 @@ def test_at_most_in_flight_shards_are_pending_and_each_is_written(files, tmp_pat
     work = tmp_path / "work"
     work.mkdir()
     pool = RayEncoders(Path(prepared.root) / "spm.model", work, 128, in_flight=2)
-    lines = data_module.read_lines(files[0], limit=50), data_module.read_lines(files[1], limit=50)
+    lines = read_lines(files[0], limit=50), read_lines(files[1], limit=50)
     written = []
     for shard in range(6):
         written += pool.submit(shard, *lines)

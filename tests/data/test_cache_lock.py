@@ -1,5 +1,5 @@
-"""The data cache's lock per entry (issue 15): one preparation of an entry at a time, the second waits and
-reuses it; leftovers of killed preparations are removed, folders of running ones are kept."""
+"""nas.data.cache: the data cache's lock per entry (issue 15): one preparation of an entry at a time, the second
+waits and reuses it; leftovers of killed preparations are removed, folders of running ones are kept."""
 
 from __future__ import annotations
 
@@ -14,11 +14,6 @@ from nas.data import prepare_data
 from tests.test_locks import held
 
 SETTINGS = {"vocab_size": 300, "max_train_pairs": 500, "max_valid_pairs": 20, "progress": False}
-
-
-@pytest.fixture(scope="module")
-def files(multi30k: Path) -> list[Path]:
-    return [multi30k / name for name in ("train.en.gz", "train.de.gz", "val.en.gz", "val.de.gz")]
 
 
 @pytest.fixture
