@@ -12,12 +12,12 @@
 """
 
 from trainers.average import average_checkpoints, average_snapshots, latest_snapshots
-from trainers.distill import anneal_lambda, soft_cross_entropy, stage_at, word_distill_loss
+from trainers.distill_losses import anneal_lambda, soft_cross_entropy, stage_at, word_distill_loss
 from trainers.loop import TrainResult, check_fingerprint, supernet_fingerprint, train_supernet
 from trainers.optim import inverse_sqrt_lr
-from trainers.regularization import Regularization, drop_branch_at, step_regularization
+from trainers.regularization_schedule import Regularization, drop_branch_at, step_regularization
 from trainers.stages import STAGES, Stage, StepInfo, StepOutput
-from trainers.standalone import train_standalone
+from trainers.standalone_trainer import train_standalone
 
 __all__ = ["train_supernet", "train_standalone", "TrainResult", "inverse_sqrt_lr",
            "supernet_fingerprint", "check_fingerprint", "average_checkpoints", "average_snapshots",

@@ -8,7 +8,7 @@ Li et al., "Scalable Transformers for Neural Machine Translation", sec. 3.3 and 
   where ``T_max(S)`` is the widest sub-Transformer's word distribution of the same step, a constant
   target (no gradient flows into the widest through the last term);
 * stage 3, ``seq_distill`` (eq. 6): the same loss with the widest's beam-search translations
-  (:mod:`trainers.seq_distill`) in place of G, the widest trained on them alone, lambda_3 fixed (0.1);
+  (:mod:`trainers.distill_targets`) in place of G, the widest trained on them alone, lambda_3 fixed (0.1);
 * dropout rates that grow with the model width (sec. 4.1, appendix B Table 5).
 
 The losses are pure functions on logits ``[b, t, V]``, summed over non-pad target tokens like

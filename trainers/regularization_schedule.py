@@ -12,7 +12,7 @@ from nas.model.regularization import Regularization
 from nas.model.supernet import SuperTransformer
 from nas.space import SweepSpec
 from nas.space.arch import Arch
-from trainers.distill import width_dropout_rate
+from trainers.distill_losses import width_dropout_rate
 
 __all__ = ["Regularization", "drop_branch_at", "step_regularization"]
 
