@@ -1,6 +1,7 @@
-"""Scalable Transformers' training stages: the stage plan, word-level self-distillation, width-dependent dropout.
+"""Scalable Transformers' word-level self-distillation losses (sec. 3.3), for stages 2 and 3 and in-place
+distillation.
 
-Li et al., "Scalable Transformers for Neural Machine Translation", sec. 3.3 and 4.1:
+Li et al., "Scalable Transformers for Neural Machine Translation", sec. 3.3:
 
 * stage 1, ``joint`` (eq. 4): ``L_1 = L_ce(T_max(S); G) + sum_T L_ce(T(S); G)``;
 * stage 2, ``word_distill`` (the L_2 loss of sec. 3.3, annealed by eq. 5):
@@ -8,92 +9,20 @@ Li et al., "Scalable Transformers for Neural Machine Translation", sec. 3.3 and 
   where ``T_max(S)`` is the widest sub-Transformer's word distribution of the same step, a constant
   target (no gradient flows into the widest through the last term);
 * stage 3, ``seq_distill`` (eq. 6): the same loss with the widest's beam-search translations
-  (:mod:`trainers.distill_targets`) in place of G, the widest trained on them alone, lambda_3 fixed (0.1);
-* dropout rates that grow with the model width (sec. 4.1, appendix B Table 5).
+  (:mod:`trainers.distill_targets`) in place of G, the widest trained on them alone, lambda_3 fixed (0.1).
 
 The losses are pure functions on logits ``[b, t, V]``, summed over non-pad target tokens like
-:func:`nas.model.losses.label_smoothed_nll` (the loop divides by the token count).
+:func:`nas.model.losses.label_smoothed_nll` (the loop divides by the token count). Which stage a step is in
+and its lambda: :mod:`trainers.stage_plan`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Sequence
-
 import torch
 
 from nas.model.losses import label_smoothed_nll, smoothed_nll_of
-from nas.space import JointStage, SeqDistillStage, WordDistillStage
 
-__all__ = ["StagePosition", "stage_at", "anneal_lambda", "soft_cross_entropy", "word_distill_loss",
-           "width_dropout_rate", "check_width_dropout", "STAGE_NUMBERS", "teacher_probs"]
-
-Stage = JointStage | WordDistillStage | SeqDistillStage
-STAGE_NUMBERS = {"joint": 1, "word_distill": 2, "seq_distill": 3}
-"""The paper's number of each stage (reported as the ``stage`` metric)."""
-
-
-@dataclass(frozen=True)
-class StagePosition:
-    """Where a global optimizer step falls in ``train.stages``."""
-    index: int
-    """Position in ``train.stages`` (0-based)."""
-    stage: Stage
-    step: int
-    """j: steps of this stage already done before this one (0 at the stage's first step)."""
-
-    @property
-    def number(self) -> int:
-        """The paper's stage number: 1 joint, 2 word_distill, 3 seq_distill."""
-        return STAGE_NUMBERS[self.stage.name]
-
-    @property
-    def is_last_step(self) -> bool:
-        return self.step == self.stage.steps - 1
-
-    @property
-    def lambda_2(self) -> float | None:
-        """The ground-truth weight lambda_2 of this step (eq. 5) in a word_distill stage; None in a joint stage."""
-        if not isinstance(self.stage, WordDistillStage):
-            return None
-        s = self.stage
-        t_j = s.steps // 2 if s.lambda_steps is None else s.lambda_steps  # the paper gives no t_j
-        return anneal_lambda(self.step, s.lambda_start, s.lambda_end, t_j)
-
-    @property
-    def distill_lambda(self) -> float | None:
-        """The weight of the targets for the sub-Transformers: lambda_2 (eq. 5) in a word_distill stage,
-        lambda_3 (eq. 6) in a seq_distill stage; None in a joint stage (no distillation)."""
-        if isinstance(self.stage, SeqDistillStage):
-            return self.stage.lambda_3
-        return self.lambda_2
-
-
-def stage_at(stages: Sequence[Stage], step: int) -> StagePosition:
-    """The stage of global optimizer step ``step`` (0-based: the number of steps already done).
-
-    Derived from the step alone, so a resumed run continues in the same stage at the same j.
-
-    Raises:
-        ValueError: ``step`` is negative or at/after the end of the last stage.
-    """
-    start = 0
-    for index, stage in enumerate(stages):
-        if 0 <= step < start + stage.steps:
-            return StagePosition(index, stage, step - start)
-        start += stage.steps
-    raise ValueError(f"step {step} is outside train.stages, which add up to {start} steps")
-
-
-def anneal_lambda(step: int, start: float, end: float, steps: int) -> float:
-    """lambda_2 at step j of a word_distill stage: linear from ``start`` (j = 0) to ``end`` (j >= ``steps``).
-
-    Eq. 5 is the case ``start=1, end=0.5, steps=t_j``: ``1 - 0.5 j / t_j`` for ``j < t_j``, then 0.5.
-    ``steps=0`` gives ``end`` throughout.
-    """
-    if step >= steps:
-        return end
-    return start + (end - start) * step / steps
+__all__ = ["soft_cross_entropy", "word_distill_loss", "teacher_probs"]
 
 
 def soft_cross_entropy(logits: torch.Tensor, teacher_logits: torch.Tensor, target: torch.Tensor,
@@ -155,27 +84,3 @@ def teacher_probs(teacher_logits: torch.Tensor) -> torch.Tensor:
     """The widest's word distribution ``softmax(teacher_logits)`` ``[b, t, V]``, float32, detached: computed once
     per batch and passed to :func:`word_distill_loss` (``probs=True``) for every student."""
     return torch.softmax(teacher_logits.detach().float(), dim=-1)
-
-
-def width_dropout_rate(width_dropout: dict[int, float] | None, model_width: int) -> float | None:
-    """The ``train.width_dropout`` rate of a sub-Transformer of ``model_width`` channels; None when unset.
-
-    Raises:
-        ValueError: ``model_width`` has no rate.
-    """
-    if width_dropout is None:
-        return None
-    if model_width not in width_dropout:
-        raise ValueError(f"train.width_dropout has no rate for model width {model_width}; "
-                         f"add `{model_width}: <rate>` (it has {sorted(width_dropout)})")
-    return width_dropout[model_width]
-
-
-def check_width_dropout(width_dropout: dict[int, float] | None, model_widths: Iterable[int]) -> None:
-    """Raise ValueError naming ``train.width_dropout`` unless it has a rate for every model width of the space."""
-    if width_dropout is None:
-        return
-    missing = sorted(set(model_widths) - set(width_dropout))
-    if missing:
-        raise ValueError(f"train.width_dropout has no rate for model width(s) {missing} of this space "
-                         f"(space.model_width.values, else supernet.model_dim); add them, e.g. `{missing[0]}: 0.1`")

@@ -4,7 +4,7 @@ Each step trains the widest sub-Transformer, the narrowest and ``k`` random ones
 same batch and sums their gradients (the sandwich rule of slimmable networks), with Adam
 with inverse-square-root warm-up and gradient clipping; ``train.accumulate`` batches make one
 step. ``train.stages`` runs Scalable Transformers' three stages in order (sec. 3.3,
-:mod:`trainers.distill_losses`, :mod:`trainers.distill_targets`): ``joint`` (eq. 4: all learn from the ground
+:mod:`trainers.stage_plan`, :mod:`trainers.distill_losses`, :mod:`trainers.distill_targets`): ``joint`` (eq. 4: all learn from the ground
 truth, label-smoothed), ``word_distill`` (the sub-Transformers also learn from the widest's word
 distribution, weighted by the eq. 5 schedule) and ``seq_distill`` (eq. 6: the widest's beam-search
 translations of the training sources replace the ground truth); the stage and the step within it
@@ -57,11 +57,12 @@ from nas.space import SeqDistillStage, SweepSpec, TrainSpec
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from trainers.average import SNAPSHOTS, prune_snapshots, save_snapshot
-from trainers.distill_losses import STAGE_NUMBERS, Stage as StageSpec, StagePosition, check_width_dropout, stage_at
 from trainers.distributed import broadcast, dist_info, param_sums
 from trainers.engine import LoopHooks, StepResult, run_loop, save_checkpoint
 from trainers.optim import make_optimizer, make_scheduler
 from trainers.proximal import load_proximal_source, proximal_initialize
+from trainers.regularization_schedule import check_width_dropout
+from trainers.stage_plan import STAGE_NUMBERS, StagePosition, StageSpec, stage_at
 from trainers.distill_targets import DISTILL_DIR, load_distill_targets, write_distill_targets
 from trainers.stages import SandwichArchs, Stage, StageContext, build_stage
 from trainers.window import LossWindow
