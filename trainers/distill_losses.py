@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from nas.model.losses import label_smoothed_nll, smoothed_nll_of
+from nas.model.losses import smoothed_nll_of
 
 __all__ = ["soft_cross_entropy", "word_distill_loss", "teacher_probs"]
 

@@ -4,10 +4,11 @@ Each step trains the widest sub-Transformer, the narrowest and ``k`` random ones
 same batch and sums their gradients (the sandwich rule of slimmable networks), with Adam
 with inverse-square-root warm-up and gradient clipping; ``train.accumulate`` batches make one
 step. ``train.stages`` runs Scalable Transformers' three stages in order (sec. 3.3,
-:mod:`trainers.stage_plan`, :mod:`trainers.distill_losses`, :mod:`trainers.distill_targets`): ``joint`` (eq. 4: all learn from the ground
-truth, label-smoothed), ``word_distill`` (the sub-Transformers also learn from the widest's word
-distribution, weighted by the eq. 5 schedule) and ``seq_distill`` (eq. 6: the widest's beam-search
-translations of the training sources replace the ground truth); the stage and the step within it
+:mod:`trainers.stage_plan`, :mod:`trainers.distill_losses`, :mod:`trainers.distill_targets`):
+``joint`` (eq. 4: all learn from the ground truth, label-smoothed), ``word_distill`` (the
+sub-Transformers also learn from the widest's word distribution, weighted by the eq. 5 schedule) and
+``seq_distill`` (eq. 6: the widest's beam-search translations of the training sources replace the
+ground truth); the stage and the step within it
 follow from the global step. ``train.width_dropout`` sets the dropout rate per sub-Transformer
 width (sec. 4.1). A checkpoint (model, optimizer, scheduler, RNG states, data position and stage)
 is written every ``checkpoint_every`` steps through a temporary file and ``os.replace``; rerunning
