@@ -56,7 +56,7 @@ from nas.space import SweepSpec, load_spec
 from nas.space.arch import Arch, LayerArch, StackArch
 from nas.space.space import SearchSpace
 from trainers.optim import make_optimizer
-from trainers.regularization import step_regularization
+from trainers.regularization_schedule import step_regularization
 from trainers.stages.base import SandwichArchs
 from trainers.stages.sandwich import sandwich_step
 

@@ -37,7 +37,7 @@ def build_space(spec: SweepSpec) -> SearchSpace:
     return SearchSpace.from_spec(spec)
 
 
-def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
+def supernet_config(spec: SweepSpec, vocab_size: int, space: SearchSpace | None = None) -> dict[str, Any]:
     """The sweep's supernet constructor arguments, JSON-ready (what ``SuperTransformer.config()`` returns).
 
     The maxima are the space's (``SearchSpace.supernet_maxima``), so the supernet's size is the product
@@ -45,9 +45,12 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
     ``relative_layers`` (the spec's, "units" by default) only with relative positions and ``share_layouts``
     only when False, so the config (and the trainer's fingerprint of it) of a sweep that uses neither is what
     it was before they existed.
+
+    ``space``: the sweep's space when the caller has built it already (:func:`build_space`; a training start
+    builds it once and passes it on); default: built here.
     """
     sn = spec.supernet
-    maxima = build_space(spec).supernet_maxima(spec)
+    maxima = (build_space(spec) if space is None else space).supernet_maxima(spec)
     relative = relative_positions(spec, maxima)
     return dict(vocab_size=vocab_size, model_dim=sn.model_dim, heads=sn.heads, head_dim=sn.head_width,
                 max_arch=maxima.to_dict(),
@@ -58,9 +61,10 @@ def supernet_config(spec: SweepSpec, vocab_size: int) -> dict[str, Any]:
                 **({} if sn.share_layouts else {"share_layouts": False}))
 
 
-def build_supernet(spec: SweepSpec, vocab_size: int) -> SuperTransformer:
-    """The supernet of a sweep (freshly initialised): maxima from ``spec.supernet`` and the space."""
-    return SuperTransformer.from_config(supernet_config(spec, vocab_size))
+def build_supernet(spec: SweepSpec, vocab_size: int, space: SearchSpace | None = None) -> SuperTransformer:
+    """The supernet of a sweep (freshly initialised): maxima from ``spec.supernet`` and the space (``space``, when
+    already built: see :func:`supernet_config`)."""
+    return SuperTransformer.from_config(supernet_config(spec, vocab_size, space))
 
 
 def space_param_counts(spec: SweepSpec, space: SearchSpace | None = None) -> dict[str, int]:

@@ -43,7 +43,7 @@ class StepResult:
     ntokens: int
     """Its target tokens (all ranks)."""
     position: Any
-    """The :class:`~trainers.distill.StagePosition` it trained in (None in standalone training)."""
+    """The :class:`~trainers.stage_plan.StagePosition` it trained in (None in standalone training)."""
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from nas.builders import build_space
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import SweepSpec
-from trainers.standalone import train_standalone
+from trainers.standalone_trainer import train_standalone
 
 __all__ = ["METRICS", "TAU_WARNING", "Correlation", "FidelityResult", "spread_archs", "rank_correlation",
            "supernet_dir", "check_supernet", "score_model", "standalone_model", "train_standalone", "run_fidelity",

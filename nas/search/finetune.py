@@ -61,7 +61,7 @@ from nas.builders import build_space
 from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 from nas.space import FinetuneSpec, SweepSpec
-from trainers.standalone import train_standalone
+from trainers.standalone_trainer import train_standalone
 
 __all__ = ["select_candidates", "finetune_trial", "run_finetune_stage", "finetune_counts", "finetune_table",
            "finetune_dir", "is_feasible", "FinetuneCallback", "ROLE", "TAG_STOPPED", "DONE_KEY", "ARCH_KEY",

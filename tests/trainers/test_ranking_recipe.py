@@ -18,7 +18,7 @@ from nas.space.space import SearchSpace
 from tests.conftest import tiny_spec_dict
 from tests.trainers.test_stages import SEED, Built, Forwards, _batch, _raw, _reference, two_layouts
 from trainers.stages import SandwichArchs
-from trainers.distill import stage_at
+from trainers.stage_plan import stage_at
 from trainers.stages.base import StepInfo
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -19,10 +19,10 @@ from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
 from nas.builders import build_supernet
 from trainers import train_supernet
-from trainers.seq_distill import keep_distilled_pair, load_distill_targets, write_distill_targets
+from trainers.distill_targets import keep_distilled_pair, load_distill_targets, write_distill_targets
 import trainers.loop
-import trainers.regularization
-import trainers.seq_distill
+import trainers.distill_targets
+import trainers.regularization_schedule
 import trainers.stages.joint
 import trainers.stages.seq_distill
 import trainers.stages.word_distill
@@ -88,7 +88,7 @@ def test_targets_are_the_widest_beam_translations_with_length_penalty(prepared, 
 
 def test_targets_resume_keeps_finished_parts(prepared, tmp_path, monkeypatch):
     raw, data = prepared
-    monkeypatch.setattr(trainers.seq_distill, "PART_SIZE", 16)
+    monkeypatch.setattr(trainers.distill_targets, "PART_SIZE", 16)
     stage = _spec(raw, stages=THREE_STAGES).train.stages[2]  # 40 sentences: parts of 16, 16, 8
     spec = _spec(raw, stages=THREE_STAGES)
     model = build_supernet(spec, data.vocab_size)
@@ -103,8 +103,8 @@ def test_targets_resume_keeps_finished_parts(prepared, tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="part-00001.parquet is missing"):
         load_distill_targets(tmp_path, src, stage.max_sentences)
     calls = []
-    real = trainers.seq_distill._translate_part
-    monkeypatch.setattr(trainers.seq_distill, "_translate_part", lambda m, a, s, *rest: calls.append(len(s)) or real(m, a, s, *rest))
+    real = trainers.distill_targets._translate_part
+    monkeypatch.setattr(trainers.distill_targets, "_translate_part", lambda m, a, s, *rest: calls.append(len(s)) or real(m, a, s, *rest))
     write_distill_targets(model, widest, src, tmp_path, stage, progress=False)
     assert calls == [16]  # only the missing part is translated again
     assert {p.name: p.stat().st_mtime_ns for p in (parts[0], parts[2])} == stamps
@@ -113,7 +113,7 @@ def test_targets_resume_keeps_finished_parts(prepared, tmp_path, monkeypatch):
 
 def test_data_parallel_ranks_split_the_parts(prepared, tmp_path, monkeypatch):
     raw, data = prepared
-    monkeypatch.setattr(trainers.seq_distill, "PART_SIZE", 16)
+    monkeypatch.setattr(trainers.distill_targets, "PART_SIZE", 16)
     spec = _spec(raw, stages=THREE_STAGES)
     model = build_supernet(spec, data.vocab_size)
     widest = SearchSpace.from_spec(spec).widest()
@@ -264,7 +264,7 @@ def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepare
 
 def test_drop_branch_rises_linearly_over_the_warmup_then_stays(prepared, tmp_path, monkeypatch):
     raw, data = prepared
-    drop_branch_at = trainers.regularization.drop_branch_at
+    drop_branch_at = trainers.regularization_schedule.drop_branch_at
     assert [drop_branch_at(0.2, 4, s) for s in range(6)] == pytest.approx([0, 0.05, 0.1, 0.15, 0.2, 0.2])
     assert drop_branch_at(0.2, 0, 0) == 0.2
     seen = []

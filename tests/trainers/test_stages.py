@@ -24,7 +24,7 @@ from nas.space import SpecError, parse_spec
 from nas.space.schema import STAGE_ORDER
 from nas.space.space import SearchSpace
 from tests.conftest import tiny_spec_dict
-from trainers.distill import stage_at
+from trainers.stage_plan import stage_at
 from trainers.stages import (
     STAGES,
     SandwichArchs,

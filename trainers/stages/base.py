@@ -19,7 +19,7 @@ from nas.space.arch import Arch
 from nas.space.space import SearchSpace
 
 if TYPE_CHECKING:
-    from trainers.distill import StagePosition
+    from trainers.stage_plan import StagePosition
 
 __all__ = ["Stage", "StepInfo", "StepOutput", "StageContext"]
 

@@ -14,8 +14,8 @@ from nas.model.losses import label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space import SweepSpec
-from trainers.distill import teacher_probs, word_distill_loss
-from trainers.regularization import step_regularization
+from trainers.distill_losses import teacher_probs, word_distill_loss
+from trainers.regularization_schedule import step_regularization
 from trainers.stages.base import SandwichArchs, StepOutput
 
 __all__ = ["SandwichArchs", "sandwich_step"]
@@ -33,7 +33,7 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     ``lam * targets + (1 - lam) * the widest's distribution``, the widest's logits ``[b, t, V]`` of this batch
     computed once and reused, detached. Every loss is divided by ``ntokens``, the target tokens of the whole
     step (all accumulated batches, all data-parallel ranks), so the gradient is the step's per-token mean.
-    Each forward pass runs under :func:`~trainers.regularization.step_regularization` of ``step`` (0-based
+    Each forward pass runs under :func:`~trainers.regularization_schedule.step_regularization` of ``step`` (0-based
     optimizer step) and its arch, with ``rates(arch)`` as its dropout when given (``train.dropout_range``,
     :attr:`~trainers.stages.StageContext.rates`). ``penalty``: add MUTE's eq. 20 term (once per step:
     on the first batch).

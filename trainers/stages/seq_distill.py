@@ -1,5 +1,5 @@
 """Stage 3 of Scalable Transformers, ``seq_distill`` (sec. 3.3 eq. 6): the widest's beam-search translations
-(:mod:`trainers.seq_distill`, which the loop prepares as this stage's corpus) replace the ground truth; the
+(:mod:`trainers.distill_targets`, which the loop prepares as this stage's corpus) replace the ground truth; the
 widest learns from them alone, the others with weight lambda_3 and from the widest's word distribution."""
 
 from __future__ import annotations

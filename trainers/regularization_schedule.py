@@ -1,4 +1,6 @@
-"""The regularisation of one training forward pass: MAT's drop-branch rate and the width-dependent dropout.
+"""The regularisation schedule of training: the rates of one forward pass at one optimizer step (MAT's drop-branch
+rate and its warm-up, the width-dependent dropout of Scalable Transformers sec. 4.1, the ``train.dropout_range``
+dropout).
 
 :func:`step_regularization` decides it (the only place) and returns the model's
 :class:`~nas.model.Regularization`, which the stage passes to the forward call
@@ -8,13 +10,14 @@ Nothing is set on the model.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from nas.model.regularization import Regularization
 from nas.model.supernet import SuperTransformer
 from nas.space import SweepSpec
 from nas.space.arch import Arch
-from trainers.distill import width_dropout_rate
 
-__all__ = ["Regularization", "drop_branch_at", "step_regularization"]
+__all__ = ["Regularization", "drop_branch_at", "step_regularization", "width_dropout_rate", "check_width_dropout"]
 
 
 def drop_branch_at(rho: float, warmup: int, step: int) -> float:
@@ -46,3 +49,27 @@ def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arc
         return model.regularization(drop_branch=rho * rate / high if high > 0 else 0.0, dropout=rate)
     rate = width_dropout_rate(tr.width_dropout, arch.model_width or spec.supernet.model_dim)
     return model.regularization(drop_branch=rho, **({} if rate is None else {"dropout": rate}))
+
+
+def width_dropout_rate(width_dropout: dict[int, float] | None, model_width: int) -> float | None:
+    """The ``train.width_dropout`` rate of a sub-Transformer of ``model_width`` channels; None when unset.
+
+    Raises:
+        ValueError: ``model_width`` has no rate.
+    """
+    if width_dropout is None:
+        return None
+    if model_width not in width_dropout:
+        raise ValueError(f"train.width_dropout has no rate for model width {model_width}; "
+                         f"add `{model_width}: <rate>` (it has {sorted(width_dropout)})")
+    return width_dropout[model_width]
+
+
+def check_width_dropout(width_dropout: dict[int, float] | None, model_widths: Iterable[int]) -> None:
+    """Raise ValueError naming ``train.width_dropout`` unless it has a rate for every model width of the space."""
+    if width_dropout is None:
+        return
+    missing = sorted(set(model_widths) - set(width_dropout))
+    if missing:
+        raise ValueError(f"train.width_dropout has no rate for model width(s) {missing} of this space "
+                         f"(space.model_width.values, else supernet.model_dim); add them, e.g. `{missing[0]}: 0.1`")
