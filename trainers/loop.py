@@ -37,14 +37,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from nas.builders import build_space, build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher, TokenCorpus
