@@ -46,7 +46,7 @@ from torch import nn
 
 from nas.builders import supernet_config
 from nas.data import BOS_ID, EOS_ID, PAD_ID, Batch
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.model.losses import label_smoothed_nll
 from nas.model.ops import sinusoidal_positions
 from nas.model.regularization import Regularization

@@ -66,7 +66,7 @@ TEST = ("test_2016_flickr.en.gz", "test_2016_flickr.de.gz")
 
 
 def _write(path: Path, obj: Any) -> None:
-    from nas.io import atomic_write_text
+    from nas.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

@@ -56,7 +56,7 @@ ROUNDS = 3
 
 
 def _write(path: Path, obj) -> None:
-    from nas.io import atomic_write_text
+    from nas.atomic import atomic_write_text
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(obj, indent=1))

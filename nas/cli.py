@@ -334,7 +334,7 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
     empty output and an empty line an empty line; a line that is not UTF-8 is an error (exit 2) naming it; a line
     longer than the model reads is translated truncated, with a warning naming it.
     """
-    from nas.io import check_output_file
+    from nas.atomic import check_output_file
 
     try:
         if output_file is not None:
@@ -369,7 +369,7 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
     if output_file is None:
         sys.stdout.write(text)
     else:
-        from nas.io import atomic_write_text
+        from nas.atomic import atomic_write_text
 
         atomic_write_text(output_file, text)
     if lines:

@@ -38,7 +38,7 @@ def one_line(message: str) -> str:
 
 def check_output_option(path: Optional[Path], option: str = "--out") -> None:
     """Fail (exit 2) before any work when the file ``path`` given by ``option`` is an existing folder."""
-    from nas.io import check_output_file
+    from nas.atomic import check_output_file
 
     if path is not None:
         try:

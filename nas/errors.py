@@ -49,7 +49,7 @@ class OutputPathError(NasError):
 class DiskFullError(NasError):
     """A file could not be written because its disk is full, its quota is used up or it hit the file-size
     limit (`ENOSPC`, `EDQUOT`, `EFBIG`). The message names the file, the space left and the fix; the file
-    it was replacing is kept as it was (`nas.io.atomic_path`). `errno` holds the system's code.
+    it was replacing is kept as it was (`nas.atomic.atomic_path`). `errno` holds the system's code.
 
     Not bad input in the strict sense, but the fix is the user's (free space, or write elsewhere), so the
     CLI reports it in one line (exit 2) rather than as a bug."""

@@ -40,7 +40,7 @@ import random
 from pathlib import Path
 
 from nas.errors import NasError
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 
 __all__ = ["ENV", "KILL_ENV", "KILL_LOG_ENV", "KILL_POINTS", "KINDS", "OFF", "FaultSpecError", "check", "kill_point",
            "parse", "parse_kill", "point"]

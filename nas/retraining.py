@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from nas.errors import NasError
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.locks import lock_folder, run_lock
 from nas.space import SweepSpec
 from nas.space.arch import Arch

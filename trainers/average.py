@@ -23,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from nas.errors import NasError
-from nas.io import atomic_path, atomic_write_text
+from nas.atomic import atomic_path, atomic_write_text
 
 __all__ = ["average_snapshots", "latest_snapshots", "average_checkpoints", "save_snapshot", "prune_snapshots",
            "snapshot_step", "SNAPSHOTS"]

@@ -28,7 +28,7 @@ from rich.progress import (
 )
 
 from nas.data import EOS_ID, PAD_ID
-from nas.io import atomic_path, atomic_write_text
+from nas.atomic import atomic_path, atomic_write_text
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.precision import autocast_for

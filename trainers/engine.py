@@ -20,7 +20,7 @@ import torch
 
 from nas import faults
 from nas.data import TokenBatcher
-from nas.io import atomic_path
+from nas.atomic import atomic_path
 from nas.model.supernet import SuperTransformer
 from nas.precision import DeviceSettings, device_settings
 from trainers.distributed import all_reduce_dict, all_reduce_grads, shard

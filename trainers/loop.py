@@ -43,7 +43,7 @@ from nas.builders import build_space, build_supernet, supernet_config
 from nas.data import PreparedData, TokenBatcher, TokenCorpus
 from nas.errors import NasError
 from nas.eval.validation import ValidationSet, validation_scores
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import SuperTransformer
 from nas.precision import DeviceSettings, autocast_for, resolve_precision, training_device

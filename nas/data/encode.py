@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from nas import faults
 from nas.data.errors import DataError
 from nas.data.text import DATA_KEYS, next_lines, open_text, skip_lines
-from nas.io import atomic_path, atomic_write_text
+from nas.atomic import atomic_path, atomic_write_text
 
 __all__ = ["EncodersFactory", "ShardEncoders", "ShardPlan", "encode_pairs", "encode_shards", "serve_encoding",
            "shard_path", "write_shard"]

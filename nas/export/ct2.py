@@ -42,7 +42,7 @@ import sentencepiece as spm
 
 from nas.data import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nas.errors import NasError
-from nas.io import output_dir
+from nas.atomic import output_dir
 from nas.model.ops import sinusoidal_positions
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch, StackArch
@@ -201,7 +201,7 @@ def export_ctranslate2(export_dir: str | Path, out: str | Path | None = None, *,
 
     ``out`` defaults to ``export_dir / "ctranslate2"``; it holds ``model.bin``, ``config.json``, the shared
     vocabulary, a copy of ``spm.model`` and ``nas_ctranslate2.json`` (the arch and the settings). It is written
-    as a temporary sibling and swapped into place (:func:`nas.io.output_dir`); an earlier CTranslate2 folder is
+    as a temporary sibling and swapped into place (:func:`nas.atomic.output_dir`); an earlier CTranslate2 folder is
     replaced, any other non-empty folder only with ``force``. ``quantization``: CTranslate2's weight type
     (``int8``, ``int8_float32``, ...; None keeps float32).
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from nas.data import Tokenizer
 from nas.eval.scores import translate
 from nas.errors import ArchError, DamagedFileError, MissingFileError
-from nas.io import atomic_write_text, output_dir
+from nas.atomic import atomic_write_text, output_dir
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
@@ -63,7 +63,7 @@ def export_arch(supernet_dir: str | Path, spm_model: str | Path, arch: Arch, out
     ``model_name="model"`` reads a retrained sub-Transformer instead (``model.safetensors`` of a ``nas retrain``
     folder, whose maxima are ``arch``): the crop is then the whole model, its weights unchanged.
 
-    The folder is written as a temporary sibling and swapped into place (:func:`nas.io.output_dir`), so an
+    The folder is written as a temporary sibling and swapped into place (:func:`nas.atomic.output_dir`), so an
     interrupted export leaves the earlier one whole. ``out`` may be new, empty or an earlier export (it
     holds :data:`PROVENANCE`); any other folder is replaced only with ``force``, and the current folder,
     its ancestors and the home folder never.

@@ -43,7 +43,7 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, Tokenizer
 from nas.export.folder import PROVENANCE
-from nas.io import atomic_path, atomic_write_text, output_dir
+from nas.atomic import atomic_path, atomic_write_text, output_dir
 from nas.model.decode import beam_search
 from nas.model.io import load_model, save_model
 from nas.model.supernet import SuperTransformer, extract
@@ -323,7 +323,7 @@ def export_onnx(source: str | Path | SuperTransformer, out_dir: str | Path, *, s
                 force: bool = False) -> Path:
     """Write an ONNX folder (see the module docstring) for an exported sub-Transformer.
 
-    The folder is written as a temporary sibling and swapped into place (:func:`nas.io.output_dir`), so an
+    The folder is written as a temporary sibling and swapped into place (:func:`nas.atomic.output_dir`), so an
     interrupted export leaves the earlier folder whole. ``out_dir`` may be new, empty or an earlier export
     (it holds ``export.json``; ``out_dir`` may be ``source`` itself: the export then gains the ONNX files);
     any other folder is replaced only with ``force``, and the current folder, its ancestors and the home

@@ -95,7 +95,7 @@ def export_trial(out_dir: str | Path, *, run_id: str | None = None, best: bool =
     """
     from nas import tracking
     from nas.export.folder import PROVENANCE, export_arch
-    from nas.io import check_output_dir
+    from nas.atomic import check_output_dir
     from nas.preflight import check_tracking_store
     from nas.space.arch import Arch
 

@@ -1,7 +1,7 @@
 """Model files: ``<name>.safetensors`` (weights) + ``<name>.json`` (constructor config), a pair that a crash
 cannot mismatch.
 
-Each file is written atomically (:mod:`nas.io`), but the two are replaced one after the other, so a crash
+Each file is written atomically (:mod:`nas.atomic`), but the two are replaced one after the other, so a crash
 between the two writes would leave new weights beside an old config. The weights therefore carry their
 own config in the safetensors metadata (key ``config``, as the training snapshots do) and are written
 first; :func:`load_model` compares it with ``<name>.json`` and refuses a pair that disagrees
@@ -20,7 +20,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from nas.errors import DamagedFileError, MissingFileError, NasError
-from nas.io import atomic_path, atomic_write_text
+from nas.atomic import atomic_path, atomic_write_text
 from nas.model.supernet import SuperTransformer
 
 __all__ = ["ModelFileError", "save_model", "load_model"]

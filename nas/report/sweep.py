@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nas.errors import NasError
-from nas.io import atomic_write_bytes
+from nas.atomic import atomic_write_bytes
 from nas.redact import REDACTED, redact_url
 from nas import tracking
 from nas.tracking.plots import pareto_png

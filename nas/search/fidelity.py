@@ -51,7 +51,7 @@ from rich.progress import (
 from nas.errors import NasError
 from nas.data import PreparedData
 from nas.eval.validation import ValidationSet, validation_scores
-from nas.io import atomic_write_bytes, atomic_write_text
+from nas.atomic import atomic_write_bytes, atomic_write_text
 from nas.locks import lock_folder, run_lock
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract

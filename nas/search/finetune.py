@@ -50,7 +50,7 @@ from nas.errors import NasError
 from nas import tracking
 from nas.eval.validation import ValidationSet, validation_scores
 from nas.search.fidelity import score_model
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.model.io import save_model
 from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback

@@ -65,7 +65,7 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
     from nas.builders import build_space
     from nas.eval.latency import collect_fixed_samples, fit_predictor_file
     from nas.eval.measure_lock import MeasureLock
-    from nas.io import atomic_write_text, check_output_file
+    from nas.atomic import atomic_write_text, check_output_file
     from nas.model.io import load_model
     from nas.space.predictor_file import workload_of, workload_tag
 

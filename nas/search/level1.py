@@ -18,7 +18,7 @@ from ray.tune.search import Searcher
 from nas.console import make_console
 
 from nas import faults
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, feasible, front_size, gene_choices,
                                   level1_directions, nsga2_sampler, predicted_constraints, recover, select_level2,
                                   suggest_genes, tell)

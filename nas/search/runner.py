@@ -42,7 +42,7 @@ from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, Stu
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.predictor_file import workload_of, workload_tag
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.locks import run_lock
 from nas.redact import redact_url
 from nas.space import SpecError, SweepSpec

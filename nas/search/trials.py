@@ -41,7 +41,7 @@ from nas.errors import NasError
 from nas.eval.latency import REFERENCE_ROUNDS, resolve_reference
 from nas.eval.measure_lock import MeasureLock
 from nas.eval.validation import ValidationSet, validation_scores
-from nas.io import atomic_write_text
+from nas.atomic import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY

@@ -18,7 +18,7 @@ mlflow):
 - :mod:`nas.tracking.board`: what a leaderboard shows (:func:`ranked_rows`), why it is empty, which constraints applied.
 - :mod:`nas.tracking.sweeps`: a sweep's parent run, its objectives and constraints (:func:`constraints_by_sweep`).
 - :mod:`nas.tracking.writers`: :func:`leaderboard_table` (rich) and :func:`write_leaderboard` (CSV, JSON,
-  Parquet; atomic, :mod:`nas.io`) (no mlflow).
+  Parquet; atomic, :mod:`nas.atomic`) (no mlflow).
 - :mod:`nas.tracking.plots`: the Pareto plot of a sweep (matplotlib, loaded when drawing): :func:`pareto_png`,
   :func:`write_pareto_plot`, :func:`log_pareto_plot`. Import it from the module: it is built on this package's
   API, so it is not re-exported here.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nas import tracking
-from nas.io import atomic_write_bytes
+from nas.atomic import atomic_write_bytes
 from nas.tracking.pareto import Objective
 
 __all__ = ["PARETO_PLOT", "log_pareto_plot", "pareto_png", "write_pareto_plot"]

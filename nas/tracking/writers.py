@@ -1,4 +1,4 @@
-"""Leaderboard output: a terminal table (rich) and CSV / JSON / Parquet files written atomically (:mod:`nas.io`)."""
+"""Leaderboard output: a terminal table (rich) and CSV / JSON / Parquet files written atomically (:mod:`nas.atomic`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nas.errors import NasError
-from nas.io import atomic_path
+from nas.atomic import atomic_path
 from nas.tracking.rows import LeaderboardRow
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def write_leaderboard(rows: list[LeaderboardRow], fmt: str, out: str | Path) -> 
 
     csv: header = :class:`LeaderboardRow` field names, ``None`` as an empty cell. json: a list of
     objects (``None`` as null, NaN as ``NaN``). parquet: one typed column per field (pyarrow).
-    The file is written atomically (:func:`nas.io.atomic_path`: a temporary sibling, fsync, ``os.replace``).
+    The file is written atomically (:func:`nas.atomic.atomic_path`: a temporary sibling, fsync, ``os.replace``).
 
     Raises:
         ValueError: ``fmt`` is not one of csv, json, parquet.

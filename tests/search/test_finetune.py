@@ -92,7 +92,7 @@ def test_a_stored_result_is_replayed_and_one_of_another_sweep_is_not(multi30k, t
     from ray import tune
 
     import nas.search.finetune as finetune
-    from nas.io import atomic_write_text
+    from nas.atomic import atomic_write_text
     from nas.search.searcher import OPTUNA_TRIAL_KEY
     from nas.search.trials import SweepContext
     from nas.space.space import SearchSpace

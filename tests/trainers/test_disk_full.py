@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from nas.errors import DiskFullError
-from nas.io import atomic_path, atomic_write_bytes, disk_full_errno
+from nas.atomic import atomic_path, atomic_write_bytes, disk_full_errno
 from nas.model.io import load_model
 from nas.builders import prepare_sweep_data
 from nas.space import parse_spec

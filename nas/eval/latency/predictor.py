@@ -17,7 +17,7 @@ from torch import nn
 
 from nas.errors import NasError
 from nas.eval.latency.timing import DEFAULT_WORKLOAD, torch_threads
-from nas.io import atomic_path, atomic_write_text
+from nas.atomic import atomic_path, atomic_write_text
 from nas.space.arch import Arch, StackArch
 from nas.space.predictor_file import (FEATURE_NAMES, PREDICTOR_FORMAT, read_predictor_meta, workload_mismatch,
                                      workload_of, workload_tag)
@@ -262,7 +262,7 @@ class LatencyPredictor:
     def save(self, path: str | Path) -> Path:
         """Write the weights to ``path`` (safetensors) and the rest to ``path`` with suffix ``.json``.
 
-        Both files are written atomically (:mod:`nas.io`: a temporary sibling, fsync, ``os.replace``).
+        Both files are written atomically (:mod:`nas.atomic`: a temporary sibling, fsync, ``os.replace``).
         Returns the weights' path.
 
         Raises:
