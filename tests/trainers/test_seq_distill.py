@@ -13,10 +13,9 @@ import torch
 from nas.data import EOS_ID, TokenBatcher, collate
 from nas.model.decode import beam_search
 from nas.model.io import load_model
-from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.trainers.conftest import spec_with
 from nas.builders import build_supernet
 from trainers import train_supernet
 from trainers.distill_targets import keep_distilled_pair, load_distill_targets, write_distill_targets
@@ -33,19 +32,6 @@ STAGE_MODULES = (trainers.stages.joint, trainers.stages.word_distill, trainers.s
 
 THREE_STAGES = [{"name": "joint", "steps": 3}, {"name": "word_distill", "steps": 2},
                 {"name": "seq_distill", "steps": 3, "max_sentences": 40, "beam_size": 2, "batch_size": 16}]
-
-
-@pytest.fixture(scope="module")
-def prepared(multi30k, tmp_path_factory):
-    work = tmp_path_factory.mktemp("seq_distill")
-    raw = tiny_spec_dict(multi30k, work)
-    raw["train"] = {k: v for k, v in raw["train"].items() if k != "steps"} | \
-        {"max_tokens": 128, "precision": "fp32", "log_every": 1, "checkpoint_every": 2, "keep_last": 0}
-    return raw, prepare_sweep_data(parse_spec({**raw, "train": {**raw["train"], "steps": 1}}), progress=False)
-
-
-def _spec(raw, **train):
-    return parse_spec({**raw, "train": {**raw["train"], **train}})
 
 
 def _exact(raw, **train):
@@ -65,7 +51,7 @@ def test_distilled_pairs_are_filtered_by_length_and_ratio(src_len, tgt_len, keep
 def test_targets_are_the_widest_beam_translations_with_length_penalty(prepared, tmp_path):
     """Each stored target equals an independent batch-of-one beam search of the widest (beam 2, lp 0.6)."""
     raw, data = prepared
-    spec = _spec(raw, stages=THREE_STAGES)
+    spec = spec_with(raw, stages=THREE_STAGES)
     stage = spec.train.stages[2]
     model = build_supernet(spec, data.vocab_size).eval()
     widest = SearchSpace.from_spec(spec).widest()
@@ -89,8 +75,8 @@ def test_targets_are_the_widest_beam_translations_with_length_penalty(prepared, 
 def test_targets_resume_keeps_finished_parts(prepared, tmp_path, monkeypatch):
     raw, data = prepared
     monkeypatch.setattr(trainers.distill_targets, "PART_SIZE", 16)
-    stage = _spec(raw, stages=THREE_STAGES).train.stages[2]  # 40 sentences: parts of 16, 16, 8
-    spec = _spec(raw, stages=THREE_STAGES)
+    stage = spec_with(raw, stages=THREE_STAGES).train.stages[2]  # 40 sentences: parts of 16, 16, 8
+    spec = spec_with(raw, stages=THREE_STAGES)
     model = build_supernet(spec, data.vocab_size)
     widest = SearchSpace.from_spec(spec).widest()
     src, _ = data.load_split("train")
@@ -114,7 +100,7 @@ def test_targets_resume_keeps_finished_parts(prepared, tmp_path, monkeypatch):
 def test_data_parallel_ranks_split_the_parts(prepared, tmp_path, monkeypatch):
     raw, data = prepared
     monkeypatch.setattr(trainers.distill_targets, "PART_SIZE", 16)
-    spec = _spec(raw, stages=THREE_STAGES)
+    spec = spec_with(raw, stages=THREE_STAGES)
     model = build_supernet(spec, data.vocab_size)
     widest = SearchSpace.from_spec(spec).widest()
     src, _ = data.load_split("train")
@@ -137,7 +123,7 @@ def three_stage_run(prepared, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         for module in STAGE_MODULES:
             patch.setattr(module, "sandwich_step", spying_step)
-        result = train_supernet(_spec(raw, stages=THREE_STAGES), data, out, report=reports.append, progress=False)
+        result = train_supernet(spec_with(raw, stages=THREE_STAGES), data, out, report=reports.append, progress=False)
     return out, result, reports, targets
 
 
@@ -175,7 +161,7 @@ def test_stage3_trains_on_the_widest_translations_and_stages_1_2_on_the_ground_t
 
 def test_resume_inside_stage3_matches_an_uninterrupted_run(prepared, three_stage_run, tmp_path):
     raw, data = prepared
-    spec = _spec(raw, stages=THREE_STAGES)
+    spec = spec_with(raw, stages=THREE_STAGES)
 
     def crash_at_step_7(metrics):
         if metrics.get("step") == 7 and "stage_end" not in metrics:
@@ -197,7 +183,7 @@ def test_a_kill_while_writing_the_targets_resumes_from_the_stage2_model(prepared
                                                                          monkeypatch):
     """The stage-2 model is checkpointed before translating (step 5 is not a checkpoint_every multiple)."""
     raw, data = prepared
-    spec = _spec(raw, stages=THREE_STAGES)
+    spec = spec_with(raw, stages=THREE_STAGES)
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt("killed while translating")
@@ -247,12 +233,12 @@ def test_accumulated_batches_give_the_gradient_of_their_union(prepared, lam):
 
 def test_accumulate_takes_that_many_batches_per_step_and_resumes_exactly(prepared, tmp_path):
     raw, data = prepared
-    spec = _spec(raw, steps=4, accumulate=3)
+    spec = spec_with(raw, steps=4, accumulate=3)
     straight = train_supernet(spec, data, tmp_path / "a", progress=False)
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     n_batches = len(TokenBatcher(*data.load_split("train"), 128))
     assert ckpt["state"]["epoch"] * n_batches + ckpt["state"]["position"] == 12
-    train_supernet(_spec(raw, steps=2, accumulate=3), data, tmp_path / "b", progress=False)
+    train_supernet(spec_with(raw, steps=2, accumulate=3), data, tmp_path / "b", progress=False)
     train_supernet(spec, data, tmp_path / "b", progress=False)
     a, b = load_model(tmp_path / "a", "supernet").state_dict(), load_model(tmp_path / "b", "supernet").state_dict()
     for name in a:
@@ -277,7 +263,7 @@ def test_drop_branch_rises_linearly_over_the_warmup_then_stays(prepared, tmp_pat
         return model
 
     monkeypatch.setattr(trainers.loop, "build_supernet", spying_build)
-    spec = _spec(raw, steps=5, drop_branch=0.2, drop_branch_warmup=4)
+    spec = spec_with(raw, steps=5, drop_branch=0.2, drop_branch_warmup=4)
     train_supernet(spec, data, tmp_path, progress=False)
     forwards = 2 + spec.train.sandwich_k  # widest, narrowest, sampled; one batch per step
     assert seen == pytest.approx([rate for rate in (0, 0.05, 0.1, 0.15, 0.2) for _ in range(forwards)])

@@ -8,29 +8,14 @@ import pytest
 import torch
 
 from nas.model.io import load_model
-from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.trainers.conftest import spec_with
 from tests.trainers.test_stage_plan import TWO_STAGES
 from nas.builders import build_supernet
 from trainers import train_supernet, word_distill_loss
 import trainers.loop
 import trainers.stages.sandwich
-
-
-@pytest.fixture(scope="module")
-def prepared(multi30k, tmp_path_factory):
-    work = tmp_path_factory.mktemp("distill")
-    raw = tiny_spec_dict(multi30k, work)
-    # fp32 and 128-token batches: a step takes milliseconds on 2 cores (bf16 autocast is slow without AMX)
-    raw["train"] = {k: v for k, v in raw["train"].items() if k != "steps"} | \
-        {"max_tokens": 128, "precision": "fp32", "log_every": 1, "checkpoint_every": 2, "keep_last": 0}
-    return raw, prepare_sweep_data(parse_spec({**raw, "train": {**raw["train"], "steps": 1}}), progress=False)
-
-
-def _spec(raw, **train):
-    return parse_spec({**raw, "train": {**raw["train"], **train}})
 
 
 # ---- width-dependent dropout (sec. 4.1, Table 5) ------------------------------------------------------
@@ -39,7 +24,7 @@ def test_the_dropout_rate_passed_to_the_forward_is_the_one_applied(prepared):
     """Regularisation is passed, not set (issue 13): rate 0 is the deterministic model, a rate > 0
     changes the output, and the model keeps no rate of a call."""
     raw, data = prepared
-    model = build_supernet(_spec(raw, steps=1), data.vocab_size).train()
+    model = build_supernet(spec_with(raw, steps=1), data.vocab_size).train()
     config = model.config()
     src = torch.tensor([[5, 6, 7, 8]])
     plain = model(src, src)
@@ -75,7 +60,7 @@ def test_training_runs_each_width_with_its_dropout_rate(prepared, tmp_path, monk
 def test_a_model_width_without_a_dropout_rate_is_refused_before_training(prepared, tmp_path):
     raw, data = prepared
     with pytest.raises(ValueError, match=r"train.width_dropout has no rate for model width\(s\) \[32\]"):
-        train_supernet(_spec(raw, steps=1, width_dropout={64: 0.1}), data, tmp_path, progress=False)
+        train_supernet(spec_with(raw, steps=1, width_dropout={64: 0.1}), data, tmp_path, progress=False)
     assert not (tmp_path / "checkpoint.pt").exists()
 
 
@@ -86,7 +71,7 @@ def two_stage_run(prepared, tmp_path_factory):
     raw, data = prepared
     out = tmp_path_factory.mktemp("two_stages")
     reports = []
-    result = train_supernet(_spec(raw, stages=TWO_STAGES), data, out, report=reports.append, progress=False)
+    result = train_supernet(spec_with(raw, stages=TWO_STAGES), data, out, report=reports.append, progress=False)
     return out, result, reports
 
 
@@ -107,7 +92,7 @@ def test_two_stage_run_reports_stage_losses_and_lambda(two_stage_run):
 
 def test_resume_in_the_middle_of_word_distill_matches_an_uninterrupted_run(prepared, two_stage_run, tmp_path):
     raw, data = prepared
-    spec = _spec(raw, stages=TWO_STAGES)
+    spec = spec_with(raw, stages=TWO_STAGES)
 
     def crash_at_step_5(metrics):
         if metrics.get("step") == 5:
@@ -127,7 +112,7 @@ def test_resume_in_the_middle_of_word_distill_matches_an_uninterrupted_run(prepa
 def test_word_distill_changes_training_compared_with_joint(prepared, two_stage_run, tmp_path):
     """Same seed and batches, 3 joint + 3 joint steps: the weights differ from joint + word_distill."""
     raw, data = prepared
-    train_supernet(_spec(raw, stages=[{"name": "joint", "steps": 3}, {"name": "joint", "steps": 3}]), data, tmp_path,
+    train_supernet(spec_with(raw, stages=[{"name": "joint", "steps": 3}, {"name": "joint", "steps": 3}]), data, tmp_path,
                    progress=False)
     joint = load_model(tmp_path, "supernet").state_dict()
     distilled = load_model(two_stage_run[0], "supernet").state_dict()
@@ -137,7 +122,7 @@ def test_word_distill_changes_training_compared_with_joint(prepared, two_stage_r
 def test_word_distill_teaches_with_the_widest_logits_of_the_same_step(prepared, tmp_path, monkeypatch):
     """One widest forward per step; its logits, detached, are the target of the narrowest and the sampled one."""
     raw, data = prepared
-    spec = _spec(raw, stages=[{"name": "word_distill", "steps": 2, "lambda_start": 0.5}])
+    spec = spec_with(raw, stages=[{"name": "word_distill", "steps": 2, "lambda_start": 0.5}])
     forwards, teachers = [], []
 
     def spying_build(*args):
