@@ -29,7 +29,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(bash|sh|console|)\n(.*?)^```", re.S | re.M)
 MARKER = re.compile(r"<!--\s*docs-test:\s*(run|help|skip)\s*(?:\((.+?)\))?\s*-->")
 CAP_S = 1500
-"""Seconds for the whole run: two tiny sweeps, four tiny retrains, the rest (about 6 minutes on 2 quiet CPU cores)."""
+"""Seconds for the whole run: two tiny sweeps, four tiny retrains, the rest (197 s on 2 quiet CPU cores)."""
 EXAMPLE_RUN_ID = "8c8fcb8f"
 RETRAIN_PLACEHOLDER = "<retrain run id>"
 
