@@ -54,11 +54,10 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
         except NasError as e:
             fail(str(e))
     from nas.api import sweep_spec
-    from nas.space import SpecError
 
     try:
         spec = sweep_spec(file, resume or status, workdir=workdir, check_files=not status, overrides=overrides or ())
-    except (SpecError, NasError) as e:
+    except NasError as e:  # SpecError included
         fail(str(e))
     from nas import tracking
     from nas.search import SweepFailed
