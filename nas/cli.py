@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -42,7 +43,7 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
 
     Running it again continues the sweep named by the YAML's `name` (after a crash or a kill): finished trials are kept, unfinished ones run again, nothing is duplicated.
 
-    Exit codes: 0 done, 1 every trial failed (the errors are listed), 2 bad input.
+    Exit codes: 0 done, 1 every trial failed (the errors are listed), 2 bad input, 130 stopped by Ctrl-C, 143 by SIGTERM.
     """
     if resume and status:
         fail("pass --resume NAME or --status NAME, not both")
@@ -81,6 +82,12 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
         fail(str(e))
     except SweepFailed as e:
         fail(str(e), code=1)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, the way back in, the shell's 128 + signal
+        signum = getattr(e, "signum", signal.SIGINT)  # SweepStopped carries SIGTERM's
+        where = "" if spec.workdir == Path("nas_runs") else f" --workdir {spec.workdir}"
+        fail(f"{'interrupted' if signum == signal.SIGINT else signal.Signals(signum).name}: sweep {spec.name} "
+             f"stopped (its MLflow runs are marked KILLED); the same command, or "
+             f"`nas sweep --resume {spec.name}{where}`, continues it and keeps the finished trials", code=128 + signum)
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))

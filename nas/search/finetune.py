@@ -56,6 +56,7 @@ from nas.model.supernet import extract
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.searcher import OPTUNA_TRIAL_KEY, StudyRef
 from nas.search.trials import SweepContext, load_supernet
+from nas.search.stop import fit
 from nas.search.tune import make_tuner, ray_dir, run_config
 from nas.builders import build_space
 from nas.space.arch import Arch
@@ -375,7 +376,7 @@ def run_finetune_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags
     console.print(f"[bold]fine-tuning[/bold] Optuna trials {', '.join(map(str, numbers))}: {ft.steps} steps from "
                   f"inherited weights at peak lr {_peak_lr(spec):g}, ASHA every {ft.eval_every} steps "
                   f"(grace {ft.grace_period}, reduction factor {ft.reduction_factor})" + (" (restored)" if restored else ""))
-    grid = tuner.fit()
+    grid = fit(tuner)
     space = build_space(spec)
     rows = [_row(result, space, ctx) for result in grid]
     order = {n: i for i, n in enumerate(numbers)}

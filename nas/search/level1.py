@@ -24,6 +24,7 @@ from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, 
                                   suggest_genes, tell)
 from nas.search.failures import SweepFailed
 from nas.search.searcher import StudyRef
+from nas.search.stop import fit
 from nas.search.tune import ray_dir, run_config
 from nas.builders import build_space
 from nas.space import SweepSpec
@@ -303,7 +304,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
         tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
                                                                    reuse_actors=True),
                            run_config=run_config(exp_dir, [], spec.search.max_failures))
-        tuner.fit()
+        fit(tuner)
     study = l1ref.load()
     on_generation(study)
     trials = study.get_trials(deepcopy=False)
@@ -331,8 +332,8 @@ def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
         trainable = tune.with_resources(tune.with_parameters(time_samples, ctx=ctx, out=samples_file),
                                         {"cpu": spec.search.cpu_per_trial, "gpu": spec.search.gpu_per_trial})
         exp_dir = ray_dir(spec, sweep_id, f"latency-{time.strftime('%Y%m%d-%H%M%S')}")
-        results = tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1),
-                             run_config=run_config(exp_dir, [], spec.search.max_failures)).fit()
+        results = fit(tune.Tuner(trainable, tune_config=tune.TuneConfig(num_samples=1),
+                                 run_config=run_config(exp_dir, [], spec.search.max_failures)))
         if results.errors or not samples_file.is_file():
             raise SweepFailed(f"timing the latency predictor's archs failed: "
                               f"{'; '.join(str(e) for e in results.errors)[-2000:]}")

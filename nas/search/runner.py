@@ -41,6 +41,7 @@ from nas.search.failures import SweepFailed
 from nas.search.searcher import ATTR_ERROR, DurableOptunaSearch, OptunaSync, StudyRef, study_trials
 from nas.search.trials import DefineByRun, SweepContext, score_trial, train_trial
 from nas.space.predictor_file import workload_of, workload_tag
+from nas.search.stop import fit, handle_stop_signals
 from nas.search.tune import is_uri, ray_dir, make_tuner, run_config
 from nas.atomic import atomic_write_text
 from nas.locks import run_lock
@@ -172,9 +173,35 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
 # --------------------------------------------------------------------------- Ray
 
 
-def _drop_token_auth_notice(record: logging.LogRecord) -> bool:
-    """A logging filter: False for Ray's notice that it turned token authentication on (nothing to act on)."""
-    return not record.getMessage().startswith("Token authentication is enabled for this Ray cluster")
+class _DropNotice(logging.Filter):
+    """A logging filter that drops the records whose message contains ``text`` (a notice of Ray's that a `nas`
+    user has nothing to act on)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.text not in record.getMessage()
+
+
+RAY_NOTICES = (
+    # a new local Ray turns token authentication on and says so in a WARNING each start: the security stays, the
+    # line goes (RAY_AUTH_MODE set now would come too late: Ray read its config when imported)
+    ("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster"),
+    # Tune's warn_if_slow: "The `callbacks.on_step_begin` operation took 0.650 s, which may be a performance
+    # bottleneck." (the MLflow callback's writes on a busy 2-core machine; its threshold was read at import)
+    ("ray.tune.utils.util", "which may be a performance bottleneck"),
+)
+"""(logger, text): the Ray log records :func:`quiet_ray_notices` drops."""
+
+
+def quiet_ray_notices() -> None:
+    """Drop :data:`RAY_NOTICES` from Ray's loggers in this process (once: a filter already there is kept)."""
+    for name, text in RAY_NOTICES:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropNotice) and f.text == text for f in logger.filters):
+            logger.addFilter(_DropNotice(text))
 
 
 def _connect(address: str | None) -> bool:
@@ -187,9 +214,10 @@ def _connect(address: str | None) -> bool:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     if not sys.stderr.isatty():  # the workers' lines reach a log: no colour codes around their "(pid=...)" prefix
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    # a new local Ray turns token authentication on and says so in a WARNING each start: the security stays, the
-    # line goes (RAY_AUTH_MODE set now would come too late: Ray read its config when imported)
-    logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(_drop_token_auth_notice)
+    quiet_ray_notices()
+    # Ray Tune's Ctrl-C handler returns from Tuner.fit as if done (the sweep went on to its next stage) and advises
+    # `Tuner.restore(...)`: off, for nas.search.stop's, which stops the sweep at the loop's next step
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)
@@ -251,6 +279,9 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         RunLockedError: another process (a driver of this sweep, ``nas train``, ``nas fidelity``) writes into
             the run folder ``<workdir>/<name>`` (names its pid, host and start time); nothing was prepared.
         SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
+        KeyboardInterrupt: Ctrl-C (Ray Tune's own handler is off, see ``_connect``), or its subclass
+            SweepStopped (:mod:`nas.search.stop`), raised on SIGINT or SIGTERM at a safe point: the sweep's RUNNING
+            MLflow runs are marked KILLED and Ray is shut down; running the sweep again resumes it.
     """
     faults.check()  # a test-only hook: a malformed value would otherwise fail every trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
@@ -278,6 +309,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
     if resumed:
         console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
     started_ray = _init_ray(spec, address, connected=any(connected))
+    restore_signals = handle_stop_signals()  # after ray.init: Ctrl-C and SIGTERM stop the sweep at a safe point
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),
             "nas.data_dir": str(Path(data.root).resolve()), "nas.beam_size": str(spec.search.beam_size),
@@ -319,12 +351,28 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             log_pareto_plot(experiment, sweep_id, parent)  # pareto.png on the parent run
             tracking.end_run(parent, "FINISHED")
         except BaseException as e:
-            tracking.end_run(parent, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            _end_sweep_runs(experiment, sweep_id, parent, stopped=isinstance(e, KeyboardInterrupt))
             raise
     finally:
         if started_ray:
             ray.shutdown()
+        restore_signals()
     return SweepResult(sweep_id, parent, experiment, supernet_dir, supernet_metrics, completed, failed, resumed)
+
+
+def _end_sweep_runs(experiment: str, sweep_id: str, parent: str, *, stopped: bool) -> None:
+    """End the parent run FAILED, or when the sweep was stopped (Ctrl-C, SIGTERM) KILLED with every run of the
+    sweep left RUNNING. A stopped sweep's store error is one line (the next start marks the runs), so that the
+    stop's own message is the one that ends the command."""
+    try:
+        if stopped:
+            tracking.end_stale_runs(experiment, sweep_id, keep=(parent,))
+        tracking.end_run(parent, "KILLED" if stopped else "FAILED")
+    except Exception as e:
+        if not stopped:
+            raise
+        console.print(f"[yellow]could not mark the sweep's MLflow runs KILLED ({type(e).__name__}); the next start "
+                      f"of the sweep does[/yellow]")
 
 
 def _parent_run(spec: SweepSpec, record: SweepRecord, tags: dict[str, str], resumed: bool) -> str:
@@ -382,7 +430,7 @@ def _train_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, parent: st
     tuner, _ = make_tuner(trainable, exp_dir, restart_errored=True,  # the trainer resumes from its own checkpoint
                       tune_config=tune.TuneConfig(num_samples=1),
                       run_config=run_config(exp_dir, [callback], spec.search.max_failures))
-    results = tuner.fit()
+    results = fit(tuner)
     if results.errors or not metrics_file.is_file():
         raise SweepFailed(f"supernet training failed: {'; '.join(str(e) for e in results.errors)[-2000:]}")
     return json.loads(metrics_file.read_text())
@@ -407,6 +455,8 @@ def _train_stage_ddp(spec: SweepSpec, ctx: SweepContext, experiment: str, parent
                                      supernet_run_id=run_id, max_failures=spec.search.max_failures)
     except BaseException as e:
         tracking.end_run(run_id, "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        if not isinstance(e, Exception):  # Ctrl-C or exit: not a failure of the training
+            raise
         raise SweepFailed(f"data-parallel supernet training failed: {e}"[-2000:]) from e
     tracking.end_run(run_id, "FINISHED")
     return metrics
@@ -466,7 +516,7 @@ def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dic
     console.print(f"[bold]searching[/bold]{' (level 2)' if se.method == 'evolution' else ''}: {se.trials} trials, "
                   f"{se.max_concurrent} at a time, {se.method} on {', '.join(m.name for m in se.metrics)}"
                   + (f" (restored: {done['COMPLETE']} complete, {done['FAIL']} failed)" if restored else ""))
-    tuner.fit()
+    fit(tuner)
     lost = [t.number for t in study_trials(study)
             if t.state in (optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.WAITING)]
     if lost:  # a Ray experiment state older than the searcher's "finished" flag: should not happen

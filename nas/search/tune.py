@@ -14,6 +14,7 @@ from pathlib import Path
 from ray import tune
 from nas.console import make_console
 
+from nas.search.stop import StopCallback
 from nas.space import SweepSpec
 
 __all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config"]
@@ -135,5 +136,5 @@ def run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.
         storage = urlunsplit(uri._replace(path=parent))
     else:
         storage, name = str(Path(exp_dir).parent), Path(exp_dir).name
-    return tune.RunConfig(name=name, storage_path=storage, callbacks=callbacks,
+    return tune.RunConfig(name=name, storage_path=storage, callbacks=[*callbacks, StopCallback()],
                           failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)

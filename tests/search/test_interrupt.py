@@ -1,0 +1,138 @@
+"""Ctrl-C and SIGTERM on `nas sweep` while the search runs, in a subprocess with real Ray Tune, Optuna and
+MLflow: SIGINT to the driver's process group (what a terminal sends), SIGTERM to the driver (`kill PID`).
+The sweep stops there with one line naming the way back in (exit 130 or 143), leaves no MLflow run RUNNING,
+and the same sweep resumed finishes every trial.
+
+Before, Ray Tune caught SIGINT inside ``Tuner.fit``, printed its ``Tuner.restore(...)`` advice and returned
+as if the stage were done; SIGTERM reached Ray's C++ failure handler, which printed a stack trace and aborted
+the driver (exit 134) with its runs left RUNNING.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
+from tests.search.test_resume import _completed_trials
+
+TRIALS = 6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_sweep_says_so_in_one_line_and_the_same_sweep_resumes(sig, multi30k, tmp_path, tiny_supernet):
+    raw = tiny_spec_dict(multi30k, tmp_path, **{
+        "search": {"trials": TRIALS, "max_concurrent": 1, "beam_size": 2, "latency_sentences": 2},
+        "tracking": {"experiment": "interrupt"},
+    })
+    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the search starts at once
+    env = nas_env(tmp_path)
+    run_dir = tmp_path / "runs" / "tiny"
+    out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
+    with open(out_log, "w") as out, open(err_log, "w") as err:  # files: a full pipe would stall the driver
+        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
+                                stdout=out, stderr=err, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not _completed_trials(run_dir):
+            assert proc.poll() is None, f"the sweep ended before any trial completed:\n{err_log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, "no trial completed in 600 s"
+            time.sleep(0.2)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)  # Ctrl-C: the terminal signals the foreground process group
+        else:
+            proc.send_signal(sig)  # `kill PID`
+        proc.wait(timeout=120)
+    finally:  # the driver, if it still runs, and any Ray process left in its group
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    stdout, stderr = out_log.read_text(), err_log.read_text()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert proc.returncode == 128 + sig, f"rc {proc.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    said = "interrupted" if sig == signal.SIGINT else "SIGTERM"
+    assert lines[-1].startswith(f"error: {said}: sweep tiny stopped"), stderr[-4000:]
+    assert "`nas sweep --resume tiny --workdir " in lines[-1], lines[-1]
+    leaked = [w for w in ("Traceback", "Tuner.restore", "SIGTERM received") if w in stderr]  # Ray's C++ handler
+    assert not leaked, stderr[-4000:]
+    assert "supernet: widest sub-Transformer" not in stdout, "the sweep went on after Ctrl-C"
+
+    stopped = read_sweep(spec_file, env)
+    done = [t for t in stopped.optuna if t.state == TrialState.COMPLETE]
+    assert 1 <= len(done) < TRIALS, "interrupted too late to test it"
+    assert "RUNNING" not in {r.info.status for r in stopped.runs}, [(r.data.tags, r.info.status) for r in stopped.runs]
+    (parent,) = stopped.roles("sweep")
+    assert parent.info.status == "KILLED"
+
+    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
+    after = read_sweep(spec_file, env)
+    assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
+    assert sorted(int(r.data.tags["nas.optuna_trial"]) for r in after.trial_runs()
+                  if r.info.status == "FINISHED") == list(range(TRIALS))
+
+
+def _count(config):
+    from ray import tune
+
+    for i in range(1000):
+        tune.report({"i": i})
+
+
+class _SignalOnResult:
+    """A Tune callback that sends this process a signal from inside ``on_trial_result`` (where the MLflow callback
+    writes) and records whether its own code after the signal ran."""
+
+    def __new__(cls, sig: int):
+        from ray import tune
+
+        class SignalOnResult(tune.Callback):
+            sent = finished = False
+
+            def on_trial_result(self, iteration, trials, trial, result, **info):
+                if not self.sent:
+                    self.sent = True
+                    os.kill(os.getpid(), sig)
+                    time.sleep(0.2)  # the handler runs here, in this frame
+                    self.finished = True
+
+        return SignalOnResult()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_inside_it(sig, tmp_path):
+    """The deferral itself, on a real Ray Tune loop: the signal lands inside a callback's write, which finishes;
+    ``SweepStopped`` comes out of ``fit`` with the signal's number, and the previous handlers are back after."""
+    import ray
+    from ray import tune
+
+    from nas.search.failures import SweepStopped
+    from nas.search.stop import fit, handle_stop_signals
+    from nas.search.tune import run_config
+
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="WARNING")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    restore = handle_stop_signals()
+    sender = _SignalOnResult(sig)
+    try:
+        tuner = tune.Tuner(_count, tune_config=tune.TuneConfig(num_samples=1),
+                           run_config=run_config(tmp_path / "exp", [sender], 0))
+        with pytest.raises(SweepStopped) as stopped:
+            fit(tuner)
+    finally:
+        restore()
+        del os.environ["TUNE_DISABLE_SIGINT_HANDLER"]
+        ray.shutdown()
+    assert stopped.value.signum == sig
+    assert sender.sent and sender.finished, "the signal raised inside the callback"
+    assert {s: signal.getsignal(s) for s in before} == before
