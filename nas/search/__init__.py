@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from nas.search.fidelity import METRICS as FIDELITY_METRICS
     from nas.search.fidelity import check_supernet, log_fidelity, run_fidelity, warning_text
     from nas.search.latency_fit import LatencyFit, default_predictor_path, fit_latency
-    from nas.search.runner import (SPEC_COPY, SweepFailed, SweepResult, SweepStatus, SweepStopped, read_sweep_record,
-                                   run_sweep, sweep_status)
+    from nas.search.failures import SweepFailed, SweepStopped
+    from nas.search.runner import SPEC_COPY, SweepResult, SweepStatus, read_sweep_record, run_sweep, sweep_status
 
 _MODULES = {
-    "runner": ("run_sweep", "SweepResult", "SweepFailed", "SweepStopped", "SweepStatus", "sweep_status",
-               "read_sweep_record", "SPEC_COPY"),
+    "runner": ("run_sweep", "SweepResult", "SweepStatus", "sweep_status", "read_sweep_record", "SPEC_COPY"),
+    "failures": ("SweepFailed", "SweepStopped"),
     "fidelity": ("check_supernet", "log_fidelity", "run_fidelity", "warning_text"),
     "latency_fit": ("LatencyFit", "default_predictor_path", "fit_latency"),
 }

@@ -15,9 +15,6 @@ taken before data is prepared or anything is written) keeps two drivers off one 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -33,8 +30,7 @@ from nas.console import make_console
 from nas.errors import NotFoundError
 from nas import faults, tracking
 from nas.builders import build_space, prepare_sweep_data
-from nas.data import EncodersFactory
-from nas.search.ray_encode import RayEncoders
+from nas.search.ray_session import cluster_encoders, init_ray
 from nas.tracking.plots import log_pareto_plot
 from nas.search.callbacks import MlflowTrialCallback
 from nas.search.failures import SweepFailed
@@ -170,95 +166,6 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
     atomic_write_text(run_dir / SWEEP_FILE, json.dumps(record.__dict__, indent=2) + "\n")
 
 
-# --------------------------------------------------------------------------- Ray
-
-
-class _DropNotice(logging.Filter):
-    """A logging filter that drops the records whose message contains ``text`` (a notice of Ray's that a `nas`
-    user has nothing to act on)."""
-
-    def __init__(self, text: str):
-        super().__init__()
-        self.text = text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return self.text not in record.getMessage()
-
-
-RAY_NOTICES = (
-    # a new local Ray turns token authentication on and says so in a WARNING each start: the security stays, the
-    # line goes (RAY_AUTH_MODE set now would come too late: Ray read its config when imported)
-    ("ray._private.authentication.authentication_token_setup", "Token authentication is enabled for this Ray cluster"),
-    # Tune's warn_if_slow: "The `callbacks.on_step_begin` operation took 0.650 s, which may be a performance
-    # bottleneck." (the MLflow callback's writes on a busy 2-core machine; its threshold was read at import)
-    ("ray.tune.utils.util", "which may be a performance bottleneck"),
-)
-"""(logger, text): the Ray log records :func:`quiet_ray_notices` drops."""
-
-
-def quiet_ray_notices() -> None:
-    """Drop :data:`RAY_NOTICES` from Ray's loggers in this process (once: a filter already there is kept)."""
-    for name, text in RAY_NOTICES:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DropNotice) and f.text == text for f in logger.filters):
-            logger.addFilter(_DropNotice(text))
-
-
-def _connect(address: str | None) -> bool:
-    """Start (or join) Ray unless it runs in this process already; returns whether this call connected."""
-    if ray.is_initialized():
-        return False
-    # Ray Tune's new output engine prints a configuration table, "Number of trials 9223372036854775807" for a
-    # searcher-driven run and a TensorBoard hint for every Tuner.fit, whatever the verbosity: the legacy engine
-    # at verbose=0 (tune.run_config) prints nothing, and the sweep prints its own lines
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if not sys.stderr.isatty():  # the workers' lines reach a log: no colour codes around their "(pid=...)" prefix
-        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
-    quiet_ray_notices()
-    # Ray Tune's Ctrl-C handler returns from Tuner.fit as if done (the sweep went on to its next stage) and advises
-    # `Tuner.restore(...)`: off, for nas.search.stop's, which stops the sweep at the loop's next step
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
-    kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)  # a new local Ray, never a stray running one
-    return True
-
-
-def _cluster_encoders(address: str, connected: list[bool]) -> EncodersFactory:
-    """``--address``: the data's shards are encoded on the cluster (:class:`~nas.search.ray_encode.RayEncoders`),
-    connecting to it only when there is something to encode (``connected`` records whether that connected)."""
-    def make(model: Path, work: Path, max_len: int) -> RayEncoders:
-        connected.append(_connect(address))
-        return RayEncoders(model, work, max_len)
-    return make
-
-
-def _init_ray(spec: SweepSpec, address: str | None, connected: bool = False) -> bool:
-    """Start (or join) Ray; returns whether we started it (``connected``: the data preparation did). Raises
-    SpecError when resources can't fit."""
-    if not _connect(address) and not connected:
-        return False
-    cpus = ray.cluster_resources().get("CPU", 0)
-    res = spec.resources
-    for key, need in (("resources.cpu", res.cpu), ("search.cpu_per_trial", spec.search.cpu_per_trial),
-                      ("resources.workers x resources.cpu", res.workers * res.cpu)):
-        if need > cpus:
-            ray.shutdown()
-            raise SpecError(f"{key}={need:g} but the Ray cluster has {cpus:g} CPUs; lower {key}")
-    gpus = ray.cluster_resources().get("GPU", 0)
-    if spec.search.gpu_per_trial > gpus:
-        ray.shutdown()
-        raise SpecError(f"search.gpu_per_trial={spec.search.gpu_per_trial:g} but the Ray cluster has {gpus:g} GPUs; "
-                        f"set search.gpu_per_trial: 0 or join a cluster with GPUs (--address)")
-    if res.gpu * res.workers > gpus:
-        ray.shutdown()
-        raise SpecError(f"resources.workers x resources.gpu={res.gpu * res.workers:g} but the Ray cluster has "
-                        f"{gpus:g} GPUs; lower resources.gpu or resources.workers")
-    return True
-
-
 # --------------------------------------------------------------------------- the sweep
 
 
@@ -279,9 +186,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         RunLockedError: another process (a driver of this sweep, ``nas train``, ``nas fidelity``) writes into
             the run folder ``<workdir>/<name>`` (names its pid, host and start time); nothing was prepared.
         SweepFailed: the supernet trial failed, or every search trial failed (with their errors).
-        KeyboardInterrupt: Ctrl-C (Ray Tune's own handler is off, see ``_connect``), or its subclass
-            SweepStopped (:mod:`nas.search.stop`), raised on SIGINT or SIGTERM at a safe point: the sweep's RUNNING
-            MLflow runs are marked KILLED and Ray is shut down; running the sweep again resumes it.
+        SweepStopped: (a KeyboardInterrupt) SIGINT or SIGTERM, raised at a safe point (:mod:`nas.search.stop`):
+            the sweep's RUNNING MLflow runs are marked KILLED and Ray is shut down; running it again resumes it.
     """
     faults.check()  # a test-only hook: a malformed value would otherwise fail every trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # trials are printed by the MLflow callback
@@ -297,7 +203,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
     """:func:`run_sweep` with the run folder's lock held."""
     run_dir = spec.run_dir.resolve()
     connected: list[bool] = []  # whether encoding the data on the cluster connected to Ray
-    data = prepare_sweep_data(spec, encoders=_cluster_encoders(address, connected) if address else None)
+    data = prepare_sweep_data(spec, encoders=cluster_encoders(address, connected) if address else None)
     supernet_dir = run_dir / "supernet"
     check_fingerprint(supernet_dir, supernet_fingerprint(spec, data))  # before Ray or MLflow start
     record, resumed = _sweep_record(spec, spec_path, must_exist=resume)
@@ -308,7 +214,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
         _write_record(spec, spec_path, record)
     if resumed:
         console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
-    started_ray = _init_ray(spec, address, connected=any(connected))
+    started_ray = init_ray(spec, address, connected=any(connected))
     restore_signals = handle_stop_signals()  # after ray.init: Ctrl-C and SIGTERM stop the sweep at a safe point
     experiment = spec.experiment
     tags = {"nas.sweep_id": sweep_id, "nas.sweep_name": spec.name, "nas.supernet_dir": str(supernet_dir),

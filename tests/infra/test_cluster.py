@@ -95,7 +95,7 @@ def test_sweep_on_a_two_node_cluster_scores_trials_on_both_nodes(multi30k, tmp_p
     import ray
     from ray.cluster_utils import Cluster
 
-    from nas.search.runner import _init_ray
+    from nas.search.ray_session import init_ray
 
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the nodes' workers import nas
     monkeypatch.setenv(NODE_BARRIER_ENV, str(tmp_path / "nodes_scoring"))  # the nodes' workers inherit both
@@ -110,7 +110,7 @@ def test_sweep_on_a_two_node_cluster_scores_trials_on_both_nodes(multi30k, tmp_p
         cluster.wait_for_nodes()
         gpu_raw = {**raw, "search": {**raw["search"], "gpu_per_trial": 0.5}}
         with pytest.raises(SpecError, match=r"search.gpu_per_trial=0.5 but the Ray cluster has 0 GPUs"):
-            _init_ray(parse_spec(gpu_raw), cluster.address)
+            init_ray(parse_spec(gpu_raw), cluster.address)
         assert not ray.is_initialized()
 
         hook = {"runtime_env": {"worker_process_setup_hook": f"{__name__}.hold_scoring_until_two_nodes_score"}}

@@ -78,9 +78,9 @@ def test_a_failing_task_fails_the_preparation_naming_its_cause(files, tmp_path, 
 def test_a_sweep_with_an_address_encodes_on_that_cluster(files, tmp_path, local_ray):
     """``nas sweep --address``'s data step: the runner's factory joins the cluster (here: the one this process
     joined already, so it records no new connection) and returns Ray encoders."""
-    from nas.search.runner import _cluster_encoders
+    from nas.search.ray_session import cluster_encoders
 
     connected: list[bool] = []
     prepared = prepare_data(*files, cache_dir=tmp_path / "cache",
-                            encoders=_cluster_encoders(ray.get_runtime_context().gcs_address, connected), **SMALL)
+                            encoders=cluster_encoders(ray.get_runtime_context().gcs_address, connected), **SMALL)
     assert connected == [False] and _train_table(Path(prepared.root)).num_rows > 900

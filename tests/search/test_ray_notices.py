@@ -41,7 +41,7 @@ def _slow(util) -> None:
 
 
 def test_tunes_slow_operation_warning_is_dropped(tune_util_records):
-    from nas.search.runner import quiet_ray_notices
+    from nas.search.ray_session import quiet_ray_notices
 
     util, handler = tune_util_records
     _slow(util)  # the real warning, before the filter
@@ -55,7 +55,7 @@ def test_tunes_slow_operation_warning_is_dropped(tune_util_records):
 
 
 def test_the_token_authentication_notice_is_dropped_and_nothing_else():
-    from nas.search.runner import RAY_NOTICES, quiet_ray_notices
+    from nas.search.ray_session import RAY_NOTICES, quiet_ray_notices
 
     name = "ray._private.authentication.authentication_token_setup"
     assert name in dict(RAY_NOTICES)
