@@ -83,11 +83,18 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
     except SweepFailed as e:
         fail(str(e), code=1)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line, the way back in, the shell's 128 + signal
+        from nas.search import read_sweep_record
+
         signum = getattr(e, "signum", signal.SIGINT)  # SweepStopped carries SIGTERM's
         where = "" if spec.workdir == Path("nas_runs") else f" --workdir {spec.workdir}"
+        try:
+            started = read_sweep_record(spec.run_dir) is not None
+        except NasError:  # a damaged record: the next start names it
+            started = True
+        again = (f"the same command, or `nas sweep --resume {spec.name}{where}`, continues it and keeps the finished "
+                 f"trials" if started else "the same command starts it (prepared data is kept)")
         fail(f"{'interrupted' if signum == signal.SIGINT else signal.Signals(signum).name}: sweep {spec.name} "
-             f"stopped (its MLflow runs are marked KILLED); the same command, or "
-             f"`nas sweep --resume {spec.name}{where}`, continues it and keeps the finished trials", code=128 + signum)
+             f"stopped; {again}", code=128 + signum)
     rows = tracking.leaderboard(result.experiment, sweep_id=result.sweep_id, top=10,
                                 metric=spec.search.metrics[0].name)
     out.print(tracking.leaderboard_table(rows, title=f"sweep {result.sweep_id}"))
