@@ -28,11 +28,14 @@ def tune_util_records(monkeypatch):
     monkeypatch.setattr(util, "START_OF_TIME", util.time.time() - 3600)
     logger = logging.getLogger(util.__name__)
     handler = _Records()
+    saved = list(logger.filters), logger.level, logger.disabled
+    logger.filters[:] = []  # a sweep run earlier in this process installed the filter already
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
     logger.addHandler(handler)
-    filters = list(logger.filters)
     yield util, handler
     logger.removeHandler(handler)
-    logger.filters[:] = filters
+    logger.filters[:], logger.level, logger.disabled = saved
 
 
 def _slow(util) -> None:
@@ -60,7 +63,10 @@ def test_the_token_authentication_notice_is_dropped_and_nothing_else():
     name = "ray._private.authentication.authentication_token_setup"
     assert name in dict(RAY_NOTICES)
     logger = logging.getLogger(name)
-    handler, filters = _Records(), list(logger.filters)
+    handler, saved = _Records(), (list(logger.filters), logger.level, logger.disabled)
+    logger.filters[:] = []  # a sweep run earlier in this process installed the filter already
+    logger.setLevel(logging.WARNING)
+    logger.disabled = False
     logger.addHandler(handler)
     try:
         quiet_ray_notices()
@@ -69,4 +75,4 @@ def test_the_token_authentication_notice_is_dropped_and_nothing_else():
         assert handler.messages == ["Token authentication failed: no token"]
     finally:
         logger.removeHandler(handler)
-        logger.filters[:] = filters
+        logger.filters[:], logger.level, logger.disabled = saved
