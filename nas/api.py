@@ -97,8 +97,8 @@ def sweep(path: str | Path, *, overrides: Mapping[str, object] | None = None, ad
     Raises:
         SpecError: bad input (nothing is started). BackendError: the tracking store, the Optuna storage or the
             Ray address does not answer (nothing is started). SweepFailed: every trial failed.
-            KeyboardInterrupt: Ctrl-C, or `nas.search.SweepStopped` (a subclass) on SIGTERM; the sweep's runs
-            are marked KILLED, and the same call with `resume=True` continues it.
+            KeyboardInterrupt: Ctrl-C before Ray starts; after, `nas.search.SweepStopped` (a subclass) on SIGINT or
+            SIGTERM: the sweep's runs are marked KILLED, and the same call with `resume=True` continues it.
     """
     from nas.space import load_spec as _load
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 __all__ = ["SweepFailed", "SweepStopped"]
 
 
@@ -17,7 +19,5 @@ class SweepStopped(KeyboardInterrupt):
     """
 
     def __init__(self, signum: int):
-        import signal
-
         super().__init__(f"stopped by {signal.Signals(signum).name}")
         self.signum = signum

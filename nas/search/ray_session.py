@@ -1,5 +1,5 @@
 """Starting or joining Ray for a sweep: quiet output (no Ray Tune banners, colour codes in a log or notices with
-nothing to act on), Ctrl-C left to :mod:`nas.search.stop`, the cluster's resources checked against the YAML."""
+nothing to act on), the cluster's resources checked against the YAML."""
 
 from __future__ import annotations
 
@@ -59,9 +59,6 @@ def connect(address: str | None) -> bool:
     if not sys.stderr.isatty():  # the workers' lines reach a log: no colour codes around their "(pid=...)" prefix
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")
     quiet_ray_notices()
-    # Ray Tune's Ctrl-C handler returns from Tuner.fit as if done (the sweep went on to its next stage) and advises
-    # `Tuner.restore(...)`: off, for nas.search.stop's, which stops the sweep at the loop's next step
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")
     kwargs = dict(include_dashboard=False, logging_level="WARNING", log_to_driver=True)
     if address:
         ray.init(address=address, **kwargs)

@@ -5,7 +5,7 @@ A signal that raised where it landed could land inside an MLflow query: seen in 
 interrupted session then kept the SQLite store locked, and marking the sweep's runs KILLED failed with
 "database is locked". Ray Tune's own SIGINT handler stops at a safe point but returns from ``Tuner.fit`` as if
 the stage were done (the sweep went on to its next stage) and advises ``Tuner.restore(...)``; it is turned off
-(``TUNE_DISABLE_SIGINT_HANDLER``, see ``runner._connect``). So while a Tune experiment runs (:func:`fit`), a
+(``TUNE_DISABLE_SIGINT_HANDLER``, by :func:`handle_stop_signals`). So while a Tune experiment runs (:func:`fit`), a
 signal is only recorded, and :class:`StopCallback`, which :func:`nas.search.tune.run_config` adds to every
 experiment, raises at the next step of the loop. Elsewhere (data preparation, between stages) it raises at
 once. A second signal while the first waits raises at once too.
@@ -16,10 +16,10 @@ printed a stack trace and aborted the driver (exit 134), the sweep's runs left R
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from ray import tune
 
@@ -56,15 +56,6 @@ class StopCallback(tune.Callback):
         raise_if_stopped()
 
 
-@contextmanager
-def _fitting() -> Iterator[None]:
-    _state["fitting"] += 1
-    try:
-        yield
-    finally:
-        _state["fitting"] -= 1
-
-
 def fit(runner: Any) -> Any:
     """``runner.fit()`` (a ``tune.Tuner`` whose run config holds a :class:`StopCallback`) with stop signals
     deferred to the loop's next step; a signal that came as the experiment ended is raised after it.
@@ -72,8 +63,11 @@ def fit(runner: Any) -> Any:
     Raises:
         SweepStopped: SIGINT or SIGTERM while the handlers of :func:`handle_stop_signals` were installed.
     """
-    with _fitting():
+    _state["fitting"] += 1
+    try:
         result = runner.fit()
+    finally:
+        _state["fitting"] -= 1
     raise_if_stopped()
     return result
 
@@ -84,6 +78,7 @@ def handle_stop_signals() -> Callable[[], None]:
     Python can't set a handler. Call it after ``ray.init``, which sets its own SIGTERM handler."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # read by each Tuner.fit, a Ray started earlier too
     previous: dict[int, Callable | int | None] = {s: signal.signal(s, _on_signal) for s in SIGNALS}
     _state["signal"] = None
 
