@@ -70,8 +70,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
                 threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: search.cpu_per_trial)."),
                 out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_<workload>.safetensors)."),
                 seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
-    """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), fit a latency
-    predictor and report its held-out RMSE and MAPE; it keeps the reference arch's latency for latency_ratio."""
+    """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), each interleaved
+    with the reference arch, fit a latency predictor on their latency_ratio and report its held-out RMSE and MAPE."""
     spec = load_yaml(file, check_predictor=False)  # it may name the file this writes
     from nas.search import fit_latency
 
@@ -81,8 +81,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
         fail(str(e))
     m, ref = fit.metrics, fit.reference
     out.print(f"{len(fit.samples)} sub-Transformers measured on {fit.samples[0]['device']}, workload {fit.workload}; "
-              f"reference ({spec.search.latency_reference}) {ref['latency_ms']:.2f} ms", highlight=False)
-    out.print(f"held-out RMSE {m['rmse_ms']:.2f} ms, MAPE {m['mape']:.1f}% "
+              f"reference ({spec.search.latency_reference}) {ref['latency_reference_ms']:.2f} ms", highlight=False)
+    out.print(f"held-out RMSE {m['rmse_ratio']:.3f} (latency ratio), MAPE {m['mape']:.1f}% "
               f"({int(m['holdout_samples'])} of {len(fit.samples)} held out); predictor: {fit.path}")
 
 

@@ -101,7 +101,12 @@ def _arch_config(spec: SweepSpec, vocab_size: int, arch: Arch) -> dict[str, Any]
     from nas.builders import supernet_config
 
     maxima = dataclasses.replace(arch, model_width=None).to_dict()
-    return {**supernet_config(spec, vocab_size), "max_arch": maxima}
+    config = {**supernet_config(spec, vocab_size), "max_arch": maxima}
+    if arch.model_width is not None:  # type 1: the layers run at the arch's model width, as extract() crops them
+        config["model_dim"] = arch.model_width
+        if spec.io_projection:
+            config["embed_dim"] = spec.supernet.model_dim
+    return config
 
 
 def _check_arch_builds(spec: SweepSpec, arch: Arch) -> None:
@@ -116,7 +121,7 @@ def _check_arch_builds(spec: SweepSpec, arch: Arch) -> None:
     try:
         with torch.device("meta"):  # no memory: only the shapes are built
             model = SuperTransformer.from_config(config)
-        check_arch(arch, model.max_arch, model.model_dim, model.head_dim or model.heads, model.io_projection,
+        check_arch(arch, model.max_arch, spec.supernet.model_dim, model.head_dim or model.heads, model.io_projection,
                    fixed_dim=model.head_dim is not None)
     except (ValueError, TypeError) as e:
         raise NasError(f"--arch {arch.summary()}: cannot build this model under supernet.* of {spec.name}: {e}") \
@@ -338,42 +343,34 @@ def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supern
         model.load_state_dict(average_snapshots(paths))
     model.eval()
     vset = ValidationSet.load(data)
-    metrics = validation_scores(model, None, vset, beam_size=spec.search.beam_size,
+    metrics = validation_scores(model, arch, vset, beam_size=spec.search.beam_size,
                                 max_tokens=recipe["max_tokens"])
-    metrics.update(_latency(spec, model, data.vocab_size))
+    metrics.update(_latency(spec, model, arch, data.vocab_size))
     metrics.update(params_m=count_params(model) / 1e6, **stats, steps=float(steps))
     return model, {k: float(v) for k, v in metrics.items()}
 
 
-def _latency(spec: SweepSpec, model, vocab_size: int) -> dict[str, float]:
-    """``latency_ms`` of ``model`` on the fixed workload (on the CPU with ``search.cpu_per_trial`` threads, as a
-    CPU sweep times its trials; a GPU sweep's trials time on their GPU: ``search.latency_device``), and
-    ``latency_ratio`` to the sweep's reference arch (a fresh model of it: latency does not depend on weights),
-    both under the node's measurement lock."""
+def _latency(spec: SweepSpec, model, arch: Arch, vocab_size: int) -> dict[str, float]:
+    """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of ``model`` running ``arch``: the one
+    measurement a sweep's trials use (:func:`nas.eval.latency.measure_latency_ratio`: the sweep's reference arch, a
+    fresh model of it, timed interleaved; latency does not depend on weights), on the device a trial of this
+    sweep times on (:func:`nas.eval.latency.latency_device`) with ``search.cpu_per_trial`` threads, under the
+    node's measurement lock."""
     import torch
 
     from nas.builders import build_space
-    from nas.eval.latency import measure_fixed_latency, resolve_reference
+    from nas.eval.latency import latency_device, measure_latency_ratio, resolve_reference
     from nas.eval.measure_lock import MeasureLock
     from nas.model.supernet import SuperTransformer
     from nas.space.predictor_file import workload_of
 
     se = spec.search
-    cuda = se.latency_device == "cuda" or (se.latency_device == "trial" and se.gpu_per_trial > 0
-                                           and torch.cuda.is_available())
-    device = torch.device("cuda" if cuda else "cpu")
-    workload = workload_of(se)
-    threads = max(1, int(se.cpu_per_trial))
-    reference = SuperTransformer.from_config(_arch_config(spec, vocab_size,
-                                                          resolve_reference(spec, build_space(spec)))).eval()
-
-    def time_it(m) -> float:
-        return measure_fixed_latency(m.to(device), None, src_tokens=workload["src_tokens"],
-                                     tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
-                                     batch_size=workload["batch"], repeats=se.latency_repeats, threads=threads)
-
-    lock = MeasureLock()
-    with lock.exclusive():
-        latency_ms, reference_ms = time_it(model), time_it(reference)
+    scoring = torch.device("cuda" if se.gpu_per_trial > 0 and torch.cuda.is_available() else "cpu")
+    device = latency_device(se.latency_device, scoring)
+    reference = resolve_reference(spec, build_space(spec))
+    reference_model = SuperTransformer.from_config(_arch_config(spec, vocab_size, reference)).eval().to(device)
+    measured = measure_latency_ratio(model.to(device), arch, reference_model, reference, workload=workload_of(se),
+                                     rounds=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
+                                     lock=MeasureLock())
     model.to("cpu")
-    return {"latency_ms": latency_ms, "latency_reference_ms": reference_ms, "latency_ratio": latency_ms / reference_ms}
+    return measured

@@ -146,7 +146,7 @@ class MlflowTrialCallback(Callback):
         if self.role == "trial":
             _console.print(f"trial {last.get(OPTUNA_TRIAL_KEY, trial.config.get(OPTUNA_TRIAL_KEY, '?'))} done: "
                            f"BLEU {last.get('bleu', float('nan')):.2f} "
-                           f"chrF {last.get('chrf', float('nan')):.2f} latency {last.get('latency_ms', float('nan')):.1f} ms "
+                           f"chrF {last.get('chrf', float('nan')):.2f} {_latency_text(last)} "
                            f"params {last.get('params_m', float('nan')):.2f} M  {last.get('arch_summary', '')}")
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
@@ -159,3 +159,13 @@ class MlflowTrialCallback(Callback):
             tracking.get_client().set_tag(run_id, tracking.TAG_ERROR, error[:4000])
             tracking.end_run(run_id, "FAILED")
         _console.print(f"[red]{self.role} {trial.config.get(OPTUNA_TRIAL_KEY, trial.trial_id)} failed[/red]: {error}")
+
+
+def _latency_text(result: dict) -> str:
+    """A trial's latency for its one line: ``latency 1.12x the reference (level 1 predicted 1.08x, 4% off), 76.5 ms``;
+    the prediction only where the trial reported one."""
+    nan = float("nan")
+    text = f"latency {result.get('latency_ratio', nan):.2f}x the reference"
+    if "latency_ratio_pred" in result:
+        text += f" (predicted {result['latency_ratio_pred']:.2f}x, {result.get('latency_drift', nan):.0%} off)"
+    return f"{text}, {result.get('latency_ms', nan):.1f} ms"

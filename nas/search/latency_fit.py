@@ -25,8 +25,9 @@ class LatencyFit:
 
     Attributes:
         path: the predictor file (safetensors); ``<path stem>.samples.json`` beside it holds ``samples``.
-        samples: one dict per timed sub-Transformer (``arch``, ``latency_ms``, ``device``, ``reference``).
-        metrics: held-out ``rmse_ms`` (ms), ``mape`` (%) and ``holdout_samples``.
+        samples: one dict per timed sub-Transformer (``arch``, ``latency_ratio``, ``latency_ms``,
+            ``latency_reference_ms``, ``device``, ``reference``).
+        metrics: held-out ``rmse_ratio`` (of the latency ratio), ``mape`` (%) and ``holdout_samples``.
         workload: the workload tag (``src30_tgt30_beam4_batch1``).
     """
 

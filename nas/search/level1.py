@@ -94,12 +94,12 @@ def score_batch(config: dict[str, Any], *, l1: Level1Context) -> None:
     vset = validation_set(l1.ctx.data, spec.search.evolution.subset_sentences)
     predictor = latency_predictor(str(l1.predictor))
     archs = [space.from_params(params) for _, params in batch]
-    predicted = predictor.predict_many(archs)
+    predicted = predictor.predict_ratio_many(archs)  # the figure a trial measures (interleaved with the reference)
     results = []
-    for (number, _), arch, ms in zip(batch, archs, predicted):
+    for (number, _), arch, ratio in zip(batch, archs, predicted):
         score = _score_one(model, arch, spec, vset)
-        results.append({"number": int(number), "score": float(score), "latency_ms": float(ms),
-                        "latency_ratio": float(ms / predictor.reference_ms), "arch_summary": arch.summary()})
+        results.append({"number": int(number), "score": float(score), "latency_ms": float(ratio * predictor.reference_ms),
+                        "latency_ratio": float(ratio), "arch_summary": arch.summary()})
     text = json.dumps(results)
     atomic_write_text(path, text)
     tune.report({"level1_results": text})
@@ -214,6 +214,8 @@ class Level1Result:
     """Optuna parameters (define-by-run, :meth:`SearchSpace.params_of`) of the archs level 2 scores."""
     wall_s: float
     """Seconds this driver spent in level 1 (predictor included)."""
+    predictor: Path | None = None
+    """The latency predictor level 1 chose with (level 2 reports each trial's predicted ratio beside its own)."""
 
 
 def _logged_generations(parent: str) -> set[int]:
@@ -315,7 +317,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     space = build_space(spec)
     chosen = select_level2(trials, spec.search.trials, level1_directions(spec))
     params = [space.params_of(space.from_params(t.params)) for t in chosen]
-    return Level1Result(counts=counts, chosen=params, wall_s=time.monotonic() - start)
+    return Level1Result(counts=counts, chosen=params, wall_s=time.monotonic() - start, predictor=predictor)
 
 
 def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
@@ -356,6 +358,8 @@ def time_samples(config: dict[str, Any], *, ctx, out: Path) -> None:
     spec = ctx.spec
     torch.set_num_threads(max(1, int(spec.search.cpu_per_trial)))
     model = load_supernet(str(ctx.supernet_dir))
+    if spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # where the trials score, and so time
+        model.to("cuda")
     samples = collect_fixed_samples(model, spec, spec.search.evolution.predictor_samples, space=build_space(spec))
     atomic_write_text(out, json.dumps(samples))
     tune.report({"samples": len(samples)})

@@ -14,6 +14,8 @@ taken before data is prepared or anything is written) keeps two drivers off one 
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import tempfile
 import time
@@ -240,6 +242,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
 
                 level1 = run_level1(spec, ctx, study, parent, sweep_id)
                 points = level1.chosen
+                ctx = dataclasses.replace(ctx, level1_predictor=level1.predictor)
                 level1_metrics = {"level1_candidates": level1.counts.get("COMPLETE", 0),
                                   "level1_failed": level1.counts.get("FAIL", 0), "level1_wall_s": level1.wall_s}
             completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, points=points)

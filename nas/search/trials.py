@@ -8,10 +8,10 @@ Trials scoring side by side on one node share the node's measurement lock
 (:class:`nas.eval.measure_lock.MeasureLock`): loading the supernet, decoding and the loss hold it shared, the
 latency measurement holds it alone, so no trial times itself while another computes.
 
-A trial's ``latency_ms`` times the YAML's fixed workload (``search.latency_workload``,
-:func:`nas.eval.latency.measure_fixed_latency`); ``latency_ratio`` divides it by the latency of the reference arch
-(``search.latency_reference``, :func:`resolve_reference`), timed (the median of 3 timings) once per worker process, device, thread count and
-workload.
+A trial's ``latency_ratio``, ``latency_ms`` and ``latency_reference_ms`` time the YAML's fixed workload
+(``search.latency_workload``) with the reference arch (``search.latency_reference``, :func:`resolve_reference`)
+interleaved, in the trial's process: :func:`nas.eval.latency.measure_latency_ratio`, the one measurement that level
+1's predictor samples and ``nas retrain`` use too.
 
 A scored trial writes its result to ``<workdir>/<name>/trials/<optuna number>.json`` (atomically)
 before reporting it: a trial that Ray runs again after the driver was killed reports that file
@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import statistics
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from ray import tune
 from nas import faults
 from nas.data import PreparedData
 from nas.errors import NasError
-from nas.eval.latency import REFERENCE_ROUNDS, resolve_reference
+from nas.eval.latency import latency_device, resolve_reference
 from nas.eval.measure_lock import MeasureLock
 from nas.eval.validation import ValidationSet, validation_scores
 from nas.atomic import atomic_write_text
@@ -55,11 +54,6 @@ from nas.space import SweepSpec
 __all__ = ["latency_predictor", "validation_set", "SweepContext", "train_trial", "score_trial", "DefineByRun", "score_arch", "feasibility", "latency_device",
            "resolve_reference", "OPTUNA_TRIAL_KEY"]
 
-_reference_ms: dict[tuple, float] = {}
-"""Measured reference latencies (ms) of this worker process, by (reference arch, supernet structure, device,
-threads, workload): the reference is timed once, not once per trial."""
-
-
 
 @dataclass(frozen=True)
 class SweepContext:
@@ -70,6 +64,9 @@ class SweepContext:
     supernet_dir: Path
     results_dir: Path | None = None
     """Where scored trials keep their results (``<optuna number>.json``); None: not kept."""
+    level1_predictor: Path | None = None
+    """The latency predictor level 1 chose the archs with (two-level search): each trial reports its predicted
+    ``latency_ratio_pred`` beside the measured ratio; None: ``search.latency_predictor`` or nothing."""
 
 
 def train_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
@@ -123,7 +120,7 @@ def _checked_predictor(spec: SweepSpec, reference: Arch, *, ratio: bool):
         raise NasError(f"search.latency_predictor: {path} was fitted on latency workload "
                        f"{workload_tag(predictor.workload)}, but search.latency_workload is {workload_tag(wanted)} "
                        f"({diff}); {fix}")
-    if ratio and (predictor.reference_ms is None or predictor.reference_arch is None):
+    if ratio and predictor.reference_arch is None:
         raise NasError(f"search.latency_predictor: {path} stores no measured reference arch, so latency_ratio cannot "
                        f"be predicted; {fix}")
     if ratio and Arch.from_json(predictor.reference_arch).arch_id != reference.arch_id:
@@ -140,50 +137,35 @@ def validation_set(data: PreparedData, sentences: int | None) -> ValidationSet:
     return ValidationSet.load(data, sentences)
 
 
-def latency_device(named: str, scoring: torch.device) -> torch.device:
-    """The device ``search.latency_device`` (``named``) times on when the trial scores on ``scoring``.
-
-    Raises:
-        NasError: ``cuda`` named but the trial scores on no GPU (names the key and what to set).
-    """
-    if named == "trial":
-        return scoring
-    if named == "cuda" and scoring.type != "cuda":
-        raise NasError(f"search.latency_device: cuda, but this trial scores on {scoring}: Ray gave it no GPU or "
-                       f"torch sees none here; set search.gpu_per_trial > 0 on a GPU cluster, or latency_device: "
-                       f"trial or cpu")
-    return scoring if named == "cuda" else torch.device("cpu")
-
-
 def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData, *,
-               lock: MeasureLock | None = None) -> dict[str, float]:
+               lock: MeasureLock | None = None, level1_predictor: Path | None = None) -> dict[str, float]:
     """Score a sub-Transformer with inherited weights on the validation set.
 
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
     ``valid_loss`` (nats/token), ``params_m`` (millions, the extracted model's parameters) and the latency:
 
-    - ``latency_ms``: with ``search.latency: measured``, the extracted sub-Transformer on the fixed workload
-      ``search.latency_workload`` (HAT sec. 4: a dummy source, exactly ``tgt_tokens`` beam-search decoder steps,
-      :func:`nas.eval.latency.measure_fixed_latency`: ``search.latency_repeats`` timed runs after 5 untimed ones,
-      the top and bottom 10% dropped, the rest averaged), on ``search.latency_device`` (:func:`latency_device`) and
-      ``search.cpu_per_trial`` torch threads, as ``nas latency fit`` times its samples; with ``predicted``, the
-      ``search.latency_predictor``'s estimate (HAT sec. 3.3).
-    - ``latency_reference_ms``: the same for the reference arch (:func:`resolve_reference`), measured once per
-      worker process, supernet structure, device, thread count and workload; with ``predicted``, the latency the
-      predictor's fit measured for it.
-    - ``latency_ratio``: ``latency_ms / latency_reference_ms`` (a budget less tied to one CPU's speed than ms; a
-      CPU budget does not carry over to a GPU, where batch-1 decoding is bound by kernel launches).
+    - with ``search.latency: measured``, :func:`nas.eval.latency.measure_latency_ratio` of the extracted
+      sub-Transformer and the extracted reference arch (:func:`resolve_reference`), timed interleaved for
+      ``search.latency_repeats`` rounds on the fixed workload ``search.latency_workload`` (HAT sec. 4: a dummy
+      source, exactly ``tgt_tokens`` beam-search decoder steps), on ``search.latency_device``
+      (:func:`latency_device`) and ``search.cpu_per_trial`` torch threads: ``latency_ratio`` (the median per-round
+      ratio; a budget less tied to one CPU's speed than ms; a CPU budget does not carry over to a GPU, where
+      batch-1 decoding is bound by kernel launches), ``latency_ms`` and ``latency_reference_ms`` (the medians);
+    - with ``predicted``, the ``search.latency_predictor``'s ratio (HAT sec. 3.3), its milliseconds (the ratio
+      times the reference's latency its samples measured) and that reference latency.
 
-    When a predictor is given with ``measured``, ``latency_pred_ms`` is added and ``latency_drift``
-    (``|pred - measured| / measured``), and a drift above 20% is warned about.
+    When a predictor is given with ``measured`` (``search.latency_predictor``, else ``level1_predictor``),
+    ``latency_ratio_pred`` and ``latency_pred_ms`` are added, and ``latency_drift``
+    (``|predicted - measured| / measured`` of the ratio); a drift above 20% is warned about.
 
     Decoding and the loss hold the node's measurement lock shared, the timing holds it exclusively
-    (:class:`nas.eval.measure_lock.MeasureLock`; the reference, when not yet timed, in the same hold): trials
-    scoring side by side on one node never time themselves while another computes.
+    (:class:`nas.eval.measure_lock.MeasureLock`): trials scoring side by side on one node never time themselves
+    while another computes.
 
     Args:
         lock: the node's measurement lock (default: ``MeasureLock()``, the folder of
             :func:`nas.eval.measure_lock.lock_dir`).
+        level1_predictor: the predictor level 1 fitted in this sweep (its workload and reference are the YAML's).
 
     Raises:
         OSError: the lock's folder or files cannot be created or opened.
@@ -193,26 +175,29 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
     se = spec.search
     lock = lock if lock is not None else MeasureLock()
     reference = resolve_reference(spec, build_space(spec))
-    predictor = None if se.latency_predictor is None else _checked_predictor(spec, reference,
-                                                                             ratio=se.latency == "predicted")
+    if se.latency_predictor is not None:
+        predictor = _checked_predictor(spec, reference, ratio=se.latency == "predicted")
+    else:
+        predictor = None if level1_predictor is None else _predictor(str(level1_predictor))
     with lock.shared():
         vset = validation_set(data, se.valid_sentences)
         metrics = validation_scores(model, arch, vset, beam_size=se.beam_size, max_tokens=spec.train.max_tokens)
         sub = extract(model, arch).eval()
         metrics["params_m"] = count_params(sub) / 1e6
-        predicted = None if predictor is None else predictor.predict(arch)
+        predicted = None if predictor is None else predictor.predict_ratio(arch)
     if se.latency == "predicted":
-        metrics["latency_ms"] = predicted
+        metrics["latency_ratio"] = predicted
         metrics["latency_reference_ms"] = predictor.reference_ms
-        metrics["latency_ratio"] = predicted / predictor.reference_ms
+        metrics["latency_ms"] = predicted * predictor.reference_ms
         return metrics
     metrics.update(_measure(model, sub, arch, reference, spec, lock))
     if predicted is not None:
         from nas.eval.latency import check_drift
 
-        metrics["latency_pred_ms"] = predicted
-        metrics["latency_drift"] = abs(predicted - metrics["latency_ms"]) / metrics["latency_ms"]
-        warning = check_drift(predicted, metrics["latency_ms"])
+        metrics["latency_ratio_pred"] = predicted
+        metrics["latency_pred_ms"] = predicted * predictor.reference_ms
+        metrics["latency_drift"] = abs(predicted - metrics["latency_ratio"]) / metrics["latency_ratio"]
+        warning = check_drift(predicted, metrics["latency_ratio"], unit="x the reference")
         if warning:
             warnings.warn(f"{arch.summary()}: {warning}", stacklevel=2)
     return metrics
@@ -221,27 +206,14 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, reference: Arch, spec: SweepSpec,
              lock: MeasureLock) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of the extracted ``sub`` (see
-    :func:`score_arch`); the reference is extracted and timed, in the same exclusive hold as ``sub``, only when this
-    process has not timed it on this supernet structure, device, thread count and workload yet."""
-    from nas.eval.latency import measure_fixed_latency
+    :func:`score_arch`): it and the extracted reference timed interleaved, in one exclusive hold of ``lock``."""
+    from nas.eval.latency import measure_latency_ratio
 
     se = spec.search
     device = latency_device(se.latency_device, next(model.parameters()).device)
-    threads = max(1, int(se.cpu_per_trial))
-    workload = workload_of(se)
-    key = (reference.arch_id, json.dumps(model.config(), sort_keys=True, default=str), str(device), threads,
-           workload_tag(workload))
-    sub = sub.to(device)
-    time_it = lambda m, a: measure_fixed_latency(  # noqa: E731
-        m, a, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"], beam_size=workload["beam"],
-        batch_size=workload["batch"], repeats=se.latency_repeats, threads=threads)
-    with lock.exclusive():  # one hold for both (measure_fixed_latency is given no lock); nothing else computes
-        if key not in _reference_ms:  # the median of REFERENCE_ROUNDS timings: it divides every ratio
-            ref_model = extract(model, reference).eval().to(device)
-            _reference_ms[key] = statistics.median(time_it(ref_model, reference) for _ in range(REFERENCE_ROUNDS))
-        latency_ms = time_it(sub, arch)
-    reference_ms = _reference_ms[key]
-    return {"latency_ms": latency_ms, "latency_reference_ms": reference_ms, "latency_ratio": latency_ms / reference_ms}
+    reference_model = extract(model, reference).eval().to(device)
+    return measure_latency_ratio(sub.to(device), arch, reference_model, reference, workload=workload_of(se),
+                                 rounds=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)), lock=lock)
 
 
 def feasibility(metrics: dict[str, float], spec: SweepSpec) -> dict[str, Any]:
@@ -284,7 +256,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
             model = load_supernet(str(ctx.supernet_dir))
         if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
             model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
-        metrics = score_arch(model, arch, ctx.spec, ctx.data)
+        metrics = score_arch(model, arch, ctx.spec, ctx.data, level1_predictor=ctx.level1_predictor)
     except torch.OutOfMemoryError as e:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

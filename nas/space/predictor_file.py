@@ -51,11 +51,12 @@ Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``
 (layers whose MUTE units are chained); ``attention_work`` = sum_l D_l * branches_l * paths_l
 * units_l and ``ffn_work`` = sum_l F_l * paths_l * units_l (channels; the widths the layer's
 matrix products actually run at). Last: ``model_width`` C (channels)."""
-PREDICTOR_FORMAT = "nas-latency-predictor/1"
-"""``format`` key of the JSON sidecar."""
+PREDICTOR_FORMAT = "nas-latency-predictor/2"
+"""``format`` key of the JSON sidecar. Version 2 predicts the log latency ratio to the reference arch, measured
+interleaved with it; version 1 (log milliseconds of arch and reference timed apart) is refused, to be refit."""
 
 _REQUIRED = ("model_dim", "hidden", "hidden_layers", "batch_size", "beam_size", "feature_mean", "feature_std",
-             "target_mean", "target_std")
+             "target_mean", "target_std", "reference_ms")
 """Sidecar keys a predictor cannot be loaded without (and ``workload``, checked on its own)."""
 
 WORKLOAD_KEYS = ("src_tokens", "tgt_tokens", "beam", "batch")
@@ -117,8 +118,8 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
     Returns:
         The sidecar mapping: ``model_dim`` (channels), ``workload`` (:data:`WORKLOAD_KEYS`), ``batch_size``
         (sentences) and ``beam_size`` (the workload's), ``hidden``/``hidden_layers`` (MLP),
-        ``feature_mean``/``feature_std``, ``target_mean``/``target_std`` (of log milliseconds), ``reference_ms``
-        (the reference arch's measured latency, ms; None when not measured) and ``reference_arch``
+        ``feature_mean``/``feature_std``, ``target_mean``/``target_std`` (of the log latency ratio), ``reference_ms``
+        (the reference arch's latency, ms, the median of the samples' interleaved timings of it) and ``reference_arch``
         (:meth:`Arch.to_json`; None likewise), ``device``, ``metrics``.
 
     Raises:
@@ -133,6 +134,10 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
         meta = json.loads(sidecar.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PredictorFileError(f"{sidecar} is not JSON ({e}); refit with `nas latency fit`") from None
+    if isinstance(meta, dict) and meta.get("format") == "nas-latency-predictor/1":
+        raise PredictorFileError(f"predictor {path} predicts milliseconds timed apart from the reference arch (format "
+                                 f"nas-latency-predictor/1); this version predicts the latency ratio timed "
+                                 f"interleaved with it ({PREDICTOR_FORMAT}): refit with `nas latency fit`")
     if not isinstance(meta, dict) or meta.get("format") != PREDICTOR_FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise PredictorFileError(f"{sidecar} has format {found!r}, expected {PREDICTOR_FORMAT!r}")

@@ -6,19 +6,18 @@ not depend on the weights)."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import yaml
 
-import nas.eval.latency as latency
-from nas.eval.latency import REFERENCE_ROUNDS
-import nas.search.trials as trials
+import nas.eval.latency.ratio as ratio_module
 from nas.errors import NasError
 from nas.eval.latency import LatencyPredictor, collect_fixed_samples, fit_predictor_file, workload_of, workload_tag
 from nas.search.trials import feasibility, resolve_reference, score_arch
 from nas.space import SpecError, load_spec, parse_spec
 from nas.space.space import SearchSpace
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -27,14 +26,14 @@ SEARCH = {"beam_size": 2, "valid_sentences": 4, "latency_repeats": 2,
 
 
 @pytest.fixture(scope="module")
-def tiny(multi30k, tmp_path_factory):
+def tiny(multi30k, tiny_data, tmp_path_factory):
     """(raw spec dict, prepared data, untrained supernet) of :func:`tiny_spec_dict`."""
     import torch
 
     from nas.builders import build_supernet, prepare_sweep_data
 
     work = tmp_path_factory.mktemp("ratio")
-    raw = tiny_spec_dict(multi30k, work, search=dict(SEARCH))
+    raw = use_tiny_data(tiny_spec_dict(multi30k, work, search=dict(SEARCH)), tiny_data)
     spec = parse_spec(raw)
     data = prepare_sweep_data(spec, progress=False)
     torch.manual_seed(0)
@@ -47,42 +46,40 @@ def _spec(raw: dict, **search):
 
 @pytest.fixture
 def fake_timings(monkeypatch):
-    """``measure_fixed_latency`` returns a fixed ms per arch (by extracted encoder width), counting its calls; this
-    process has timed no reference yet."""
+    """``interleaved_timings`` returns fixed ms per arch (by extracted encoder width: the narrowest enc[16] 11 ms,
+    the widest enc[32 32] 14 ms), counting its calls."""
     calls = []
 
-    def fake(model, arch, **kw):
-        calls.append((arch.arch_id, kw))
-        return 10.0 + sum(arch.encoder.width) / 16  # narrowest enc[16]: 11 ms; widest enc[32 32]: 14 ms
+    def fake(model, arch, reference_model, reference_arch, *, rounds, **kw):
+        calls.append((arch.arch_id, reference_arch.arch_id, rounds, kw))
+        ms = lambda a: 10.0 + sum(a.encoder.width) / 16  # noqa: E731
+        return [ms(arch)] * rounds, [ms(reference_arch)] * (rounds + 1)
 
-    monkeypatch.setattr(latency, "measure_fixed_latency", fake)
-    monkeypatch.setattr(trials, "_reference_ms", {})
+    monkeypatch.setattr(ratio_module, "interleaved_timings", fake)
     return calls
 
 
-def test_score_arch_reports_the_ratio_to_the_reference_timed_once_per_process(tiny, monkeypatch):
+def test_score_arch_times_the_arch_interleaved_with_the_reference_in_every_trial(tiny, monkeypatch):
     raw, data, model = tiny
     spec = _spec(raw)
     space = SearchSpace.from_spec(spec)
-    real, calls = latency.measure_fixed_latency, []
+    real, calls = ratio_module.interleaved_timings, []
 
-    def spy(sub, arch, **kw):
-        calls.append((arch.arch_id, kw))
-        return real(sub, arch, **kw)
+    def spy(sub, arch, ref_model, reference, **kw):
+        calls.append((arch.arch_id, reference.arch_id, kw))
+        return real(sub, arch, ref_model, reference, **kw)
 
-    monkeypatch.setattr(latency, "measure_fixed_latency", spy)
-    monkeypatch.setattr(trials, "_reference_ms", {})
+    monkeypatch.setattr(ratio_module, "interleaved_timings", spy)
     first = score_arch(model, space.widest(), spec, data)
-    # the reference first (REFERENCE_ROUNDS timings, the median kept), then the arch
-    assert [a for a, _ in calls] == [space.narrowest().arch_id] * REFERENCE_ROUNDS + [space.widest().arch_id]
-    assert all(kw == {"src_tokens": 8, "tgt_tokens": 6, "beam_size": 2, "batch_size": 1, "repeats": 2, "threads": 1}
-               for _, kw in calls)  # the YAML's workload, beam from beam_size
-    assert first["latency_ms"] > 0 and first["latency_reference_ms"] > 0
-    assert first["latency_ratio"] == first["latency_ms"] / first["latency_reference_ms"]
+    assert [(a, r) for a, r, _ in calls] == [(space.widest().arch_id, space.narrowest().arch_id)]
+    assert calls[0][2] == {"workload": {"src_tokens": 8, "tgt_tokens": 6, "beam": 2, "batch": 1}, "rounds": 2,
+                           "warmup": 2, "threads": 1, "lock": calls[0][2]["lock"]}  # the YAML's workload and rounds
+    assert calls[0][2]["lock"] is not None  # timed holding the node's lock
+    assert first["latency_ms"] > 0 and first["latency_reference_ms"] > 0 and first["latency_ratio"] > 0
     second = score_arch(model, space.middle(), spec, data)
-    assert [a for a, _ in calls[REFERENCE_ROUNDS + 1:]] == [space.middle().arch_id]  # the reference is not timed again
-    assert second["latency_reference_ms"] == first["latency_reference_ms"]
-    assert second["latency_ratio"] == second["latency_ms"] / first["latency_reference_ms"]
+    # the reference is timed again, interleaved with each arch: no figure carried over from another moment
+    assert [(a, r) for a, r, _ in calls[1:]] == [(space.middle().arch_id, space.narrowest().arch_id)]
+    assert second["latency_ratio"] > 0
 
 
 def test_a_latency_ratio_constraint_makes_a_trial_feasible_or_not(tiny, fake_timings):
@@ -96,27 +93,29 @@ def test_a_latency_ratio_constraint_makes_a_trial_feasible_or_not(tiny, fake_tim
     assert feasibility(metrics, _spec(raw, constraints=["latency_ratio <= 1.3"])) == {"feasible": 1.0}
     narrowest = score_arch(model, space.narrowest(), tight, data)
     assert narrowest["latency_ratio"] == 1.0 and feasibility(narrowest, tight) == {"feasible": 1.0}
-    assert len(fake_timings) == REFERENCE_ROUNDS + 2  # the reference's rounds once, then each arch
+    assert len(fake_timings) == 2  # one interleaved measurement per arch
 
 
-def test_the_reference_time_is_the_median_of_its_rounds(tiny, monkeypatch):
+def test_the_ratio_is_the_median_per_round_ratio_not_a_quotient_of_times_from_other_moments(tiny, monkeypatch):
     raw, data, model = tiny
     space = SearchSpace.from_spec(_spec(raw))
-    times = iter([30.0, 10.0, 12.0, 18.0])  # three reference rounds (one slow spell), then the arch
-
-    monkeypatch.setattr(latency, "measure_fixed_latency", lambda model, arch, **kw: next(times))
-    monkeypatch.setattr(trials, "_reference_ms", {})
+    # R0 C0 R1 C1 R2: the machine slows down 3x for the second round; every round's ratio is 1.5
+    monkeypatch.setattr(ratio_module, "interleaved_timings",
+                        lambda *a, **k: ([15.0, 45.0], [10.0, 10.0, 50.0]))
     metrics = score_arch(model, space.widest(), _spec(raw), data)
-    assert metrics["latency_reference_ms"] == 12.0 and metrics["latency_ratio"] == 1.5
+    assert metrics["latency_ratio"] == pytest.approx((15.0 / 10.0 + 45.0 / 30.0) / 2) == pytest.approx(1.5)
+    assert metrics["latency_ms"] == 30.0 and metrics["latency_reference_ms"] == 10.0
 
 
-def test_the_reference_is_timed_again_for_another_workload_or_reference(tiny, fake_timings):
+def test_the_workload_and_reference_of_the_yaml_are_the_ones_timed(tiny, fake_timings):
     raw, data, model = tiny
     arch = SearchSpace.from_spec(_spec(raw)).middle()
     score_arch(model, arch, _spec(raw), data)
     score_arch(model, arch, _spec(raw, latency_workload={"src_tokens": 8, "tgt_tokens": 7}), data)
     widest = score_arch(model, arch, _spec(raw, latency_reference="widest"), data)
-    assert len(fake_timings) == 3 * (REFERENCE_ROUNDS + 1) and widest["latency_reference_ms"] == 14.0
+    assert [c[3]["workload"]["tgt_tokens"] for c in fake_timings] == [6, 7, 6]
+    assert fake_timings[2][1] == SearchSpace.from_spec(_spec(raw)).widest().arch_id
+    assert widest["latency_reference_ms"] == 14.0
 
 
 def test_resolve_reference_reads_names_and_arch_json_and_names_the_key_when_bad(tiny):
@@ -148,19 +147,19 @@ def predictor_file(tiny, tmp_path_factory):
     assert [s["arch_id"] for s in samples if s["reference"]] == [reference.arch_id]
     path = tmp_path_factory.mktemp("pred") / "latency.safetensors"
     fit_predictor_file(samples, spec, path)
-    return path, next(s["latency_ms"] for s in samples if s["reference"])
+    return path, statistics.median(s["latency_reference_ms"] for s in samples)
 
 
 def test_predicted_latency_ratio_divides_by_the_predictor_s_reference(tiny, predictor_file, monkeypatch):
     raw, data, model = tiny
     path, reference_ms = predictor_file
-    monkeypatch.setattr(latency, "measure_fixed_latency", lambda *a, **k: pytest.fail("predicted: nothing timed"))
+    monkeypatch.setattr(ratio_module, "interleaved_timings", lambda *a, **k: pytest.fail("predicted: nothing timed"))
     spec = _spec(raw, latency="predicted", latency_predictor=str(path))
     arch = SearchSpace.from_spec(spec).widest()
     metrics = score_arch(model, arch, spec, data)
-    assert metrics["latency_reference_ms"] == reference_ms
-    assert metrics["latency_ms"] == pytest.approx(LatencyPredictor.load(path).predict(arch))
-    assert metrics["latency_ratio"] == metrics["latency_ms"] / reference_ms
+    assert metrics["latency_reference_ms"] == reference_ms  # the median of the samples' interleaved reference runs
+    assert metrics["latency_ratio"] == pytest.approx(LatencyPredictor.load(path).predict_ratio(arch))
+    assert metrics["latency_ms"] == pytest.approx(metrics["latency_ratio"] * reference_ms)
     assert json.loads(path.with_suffix(".json").read_text())["workload"] == workload_of(spec.search)
 
 

@@ -14,7 +14,6 @@ import optuna
 import pytest
 import torch
 
-from nas.eval.latency import REFERENCE_ROUNDS
 from nas.search.searcher import OPTUNA_TRIAL_KEY, DurableOptunaSearch, StudyRef
 from nas.search.trials import DefineByRun, feasibility, score_arch
 from nas.space.space import SearchSpace
@@ -193,9 +192,10 @@ def scored(multi30k, tiny_supernet, tmp_path_factory):
     rng = random.Random(0)
     archs = [space.widest(), space.narrowest()] + [space.sample(rng) for _ in range(14)]
     workload = workload_of(spec.search)
-    samples = [{"arch": a.to_dict(), "workload": workload,
-                "latency_ms": 1e5 * (1 + sum(a.encoder.width) / 32)} for a in archs]
-    predictor = LatencyPredictor(model.model_dim, workload=workload, reference_ms=samples[1]["latency_ms"],
+    # a fake: ratios of 10-30x a reference that takes 100 s (no arch measures so)
+    samples = [{"arch": a.to_dict(), "workload": workload, "latency_reference_ms": 1e5,
+                "latency_ratio": 10 * (1 + sum(a.encoder.width) / 32)} for a in archs]
+    predictor = LatencyPredictor(model.model_dim, workload=workload,
                                  reference_arch=space.narrowest().to_json())  # search.latency_reference: narrowest
     predictor.fit(samples, epochs=200)
     path = predictor.save(work / "latency_b1.safetensors")
@@ -209,20 +209,22 @@ def test_predicted_latency_is_the_predictor_s_and_nothing_is_timed(scored):
     spec = parse_spec({**raw, "search": {**raw["search"], "latency": "predicted", "latency_predictor": str(path)}})
     metrics = score_arch(model, arch, spec, data)
     predictor = LatencyPredictor.load(path)
-    assert metrics["latency_ms"] == pytest.approx(predictor.predict(arch))
+    assert metrics["latency_ratio"] == pytest.approx(predictor.predict_ratio(arch)) and metrics["latency_ratio"] > 5
     assert "latency_pred_ms" not in metrics and metrics["latency_ms"] > 5e4  # the fake predictor says minutes
-    assert metrics["latency_reference_ms"] == predictor.reference_ms  # what its fit measured for the narrowest
-    assert metrics["latency_ratio"] == pytest.approx(metrics["latency_ms"] / predictor.reference_ms)
+    assert metrics["latency_reference_ms"] == predictor.reference_ms == 1e5  # what its samples measured for it
+    assert metrics["latency_ms"] == pytest.approx(metrics["latency_ratio"] * predictor.reference_ms)
 
 
 def test_measured_latency_with_a_predictor_warns_when_they_differ_by_more_than_20_percent(scored):
     raw, data, model, arch, path = scored
     spec = parse_spec({**raw, "search": {**raw["search"], "latency_predictor": str(path)}})
-    with pytest.warns(UserWarning, match=r"latency predictor drift: predicted .* ms, measured .* ms"):
+    with pytest.warns(UserWarning, match=r"latency predictor drift: predicted .* x the reference, measured .* x the "
+                                         r"reference"):
         metrics = score_arch(model, arch, spec, data)
     assert 0 < metrics["latency_ms"] < metrics["latency_pred_ms"]
-    assert metrics["latency_drift"] == pytest.approx(abs(metrics["latency_pred_ms"] - metrics["latency_ms"])
-                                                     / metrics["latency_ms"])
+    assert 0 < metrics["latency_ratio"] < metrics["latency_ratio_pred"]
+    assert metrics["latency_drift"] == pytest.approx(abs(metrics["latency_ratio_pred"] - metrics["latency_ratio"])
+                                                     / metrics["latency_ratio"])
     assert metrics["latency_drift"] > 0.2
 
 
@@ -286,7 +288,7 @@ def test_latency_device_cuda_needs_a_gpu_per_trial():
 
 def test_latency_device_names_where_latency_is_timed_and_refuses_cuda_without_one():
     from nas.errors import NasError
-    from nas.search.trials import latency_device
+    from nas.eval.latency import latency_device
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
     assert latency_device("trial", gpu) == gpu and latency_device("trial", cpu) == cpu
@@ -296,19 +298,17 @@ def test_latency_device_names_where_latency_is_timed_and_refuses_cuda_without_on
 
 
 def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
-    import nas.eval.latency as latency
-    import nas.search.trials as trials
+    import nas.eval.latency.ratio as ratio
 
     raw, data, model, arch, _ = scored
     seen = []
-    real = latency.measure_fixed_latency
+    real = ratio.interleaved_timings
 
-    def spy(sub, *args, **kw):
-        seen.append(next(sub.parameters()).device)
-        return real(sub, *args, **kw)
+    def spy(sub, arch, ref_model, reference, **kw):
+        seen.append((next(sub.parameters()).device, next(ref_model.parameters()).device))
+        return real(sub, arch, ref_model, reference, **kw)
 
-    monkeypatch.setattr(latency, "measure_fixed_latency", spy)
-    monkeypatch.setattr(trials, "_reference_ms", {})  # this process has timed no reference yet
+    monkeypatch.setattr(ratio, "interleaved_timings", spy)
     spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_repeats": 1}})
     assert score_arch(model, arch, spec, data)["latency_ms"] > 0
-    assert seen == [torch.device("cpu")] * (REFERENCE_ROUNDS + 1)  # the reference (the median of its rounds), then the arch
+    assert seen == [(torch.device("cpu"), torch.device("cpu"))]  # the arch and the reference, interleaved

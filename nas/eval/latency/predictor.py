@@ -1,6 +1,6 @@
 """HAT's latency predictor (sec. 3.3) on this project's unified layer: the arch features
-(:func:`arch_features`), the MLP from them to log latency on one fixed workload (:class:`LatencyPredictor`: fit,
-predict, save and load), :func:`fit_predictor_file` (what ``nas latency fit`` and the evolutionary search write) and
+(:func:`arch_features`), the MLP from them to the log latency ratio on one fixed workload (:class:`LatencyPredictor`:
+fit, predict, save and load), :func:`fit_predictor_file` (what ``nas latency fit`` and the evolutionary search write) and
 :func:`check_drift` (a prediction against a fresh measurement).
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -78,11 +79,15 @@ def _as_arch(arch: Arch | Mapping[str, Any]) -> Arch:
 
 
 class LatencyPredictor:
-    """An MLP from standardized :func:`arch_features` to log latency (HAT sec. 3.3) on one fixed workload.
+    """An MLP from standardized :func:`arch_features` to the log latency ratio on one fixed workload (after HAT
+    sec. 3.3).
 
     HAT uses 3 hidden layers of 400 units; the default here is smaller (64), ample for a
-    few hundred samples. The target is ``log(latency_ms)`` standardized, so the squared
-    error is a relative one (latencies span an order of magnitude across a space).
+    few hundred samples. The target is ``log(latency_ratio)`` standardized, the ratio measured interleaved with the
+    reference arch (:func:`nas.eval.latency.ratio.measure_latency_ratio`), so that a predicted ratio (level 1) and
+    a measured one (a trial) are the same figure; the squared error is a relative one. This departs from HAT, which
+    predicts milliseconds: milliseconds timed at different moments on a shared CPU differ by up to 2x, ratios timed
+    interleaved do not. :meth:`predict` gives milliseconds as the ratio times ``reference_ms``.
 
     Args:
         model_dim: the supernet's model width C (channels), for :func:`arch_features`.
@@ -91,8 +96,8 @@ class LatencyPredictor:
         workload: the workload it predicts (``src_tokens``, ``tgt_tokens``, ``beam``, ``batch``:
             :func:`workload_of`; None: :data:`DEFAULT_WORKLOAD`); ``fit`` uses only samples measured on it.
         device: where the samples were measured (:func:`describe_device`).
-        reference_ms: the measured latency (ms) of ``reference_arch`` on the workload, ``latency_ratio``'s
-            denominator with ``search.latency: predicted`` (None: not measured).
+        reference_ms: the reference arch's latency (ms) on the workload (the median over the samples' interleaved
+            reference timings), what a predicted ratio is multiplied by for milliseconds (None: not fitted yet).
         reference_arch: that arch (:meth:`Arch.to_json`).
 
     Raises:
@@ -142,8 +147,8 @@ class LatencyPredictor:
         x = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
         return ((x - self.feature_mean.double()) / self.feature_std.double()).float()
 
-    def _ms(self, y: torch.Tensor) -> torch.Tensor:
-        """Standardized log latency ``[n]`` -> milliseconds ``[n]``."""
+    def _ratio(self, y: torch.Tensor) -> torch.Tensor:
+        """Standardized log latency ratio ``[n]`` -> latency ratio ``[n]``."""
         return torch.exp(y.double() * self.target_std + self.target_mean)
 
     def fit(self, samples: Sequence[Mapping[str, Any]], *, holdout: float = 0.2, epochs: int = 1000,
@@ -152,21 +157,25 @@ class LatencyPredictor:
 
         A seeded random ``holdout`` fraction (at least one sample) is kept out of training
         and scored; the MLP is trained full-batch with Adam on the rest (MSE on the
-        standardized log latency). Standardization statistics come from the training part.
+        standardized log latency ratio). Standardization statistics come from the training part. ``reference_ms``
+        becomes the median of the samples' ``latency_reference_ms``.
 
         Args:
-            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ms`` (> 0) and ``workload``
-                (or, without one, optionally ``batch_size``/``beam_size``), as from :func:`collect_samples`.
+            samples: dicts with ``arch`` (an :class:`Arch` or its dict), ``latency_ratio`` (> 0),
+                ``latency_reference_ms`` (> 0) and ``workload`` (or, without one, optionally
+                ``batch_size``/``beam_size``), as from :func:`collect_samples`.
             holdout: fraction in [0, 1) held out; 0 trains on all and reports training error.
             epochs: full-batch optimizer steps.
 
         Returns:
-            ``rmse_ms`` (root mean squared error, ms) and ``mape`` (mean absolute percentage
-            error, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
+            ``rmse_ratio`` (root mean squared error of the ratio) and ``mape`` (mean absolute percentage
+            error of the ratio, %) on the held-out samples, ``train_samples``, ``holdout_samples``.
 
         Raises:
-            NasError: fewer than 2 samples on this workload (names the workloads present).
-            ValueError: a latency that is not positive and finite, or ``holdout`` outside [0, 1).
+            NasError: fewer than 2 samples on this workload (names the workloads present); a sample without an
+                interleaved ``latency_ratio`` (timed before ratios were; names the fix).
+            ValueError: a ratio or reference latency that is not positive and finite, or ``holdout`` outside
+                [0, 1).
         """
         if not 0.0 <= holdout < 1.0:
             raise ValueError(f"holdout={holdout} must be in [0, 1)")
@@ -177,10 +186,16 @@ class LatencyPredictor:
             raise NasError(f"{len(rows)} samples on workload {workload_tag(self.workload)} (need >= 2); the "
                            f"samples were measured on {present}")
         for i, s in enumerate(rows):
-            if not (math.isfinite(s["latency_ms"]) and s["latency_ms"] > 0):
-                raise ValueError(f"samples[{i}].latency_ms={s['latency_ms']} must be positive and finite")
+            if "latency_ratio" not in s or "latency_reference_ms" not in s:
+                raise NasError(f"samples[{i}] has no interleaved latency_ratio and latency_reference_ms: it was timed "
+                               f"before ratios were measured against the reference; time the samples again "
+                               f"(`nas latency fit`)")
+            for key in ("latency_ratio", "latency_reference_ms"):
+                if not (math.isfinite(s[key]) and s[key] > 0):
+                    raise ValueError(f"samples[{i}].{key}={s[key]} must be positive and finite")
         archs = [_as_arch(s["arch"]) for s in rows]
-        log_ms = torch.tensor([math.log(s["latency_ms"]) for s in rows], dtype=torch.float64)  # [n]
+        log_ms = torch.tensor([math.log(s["latency_ratio"]) for s in rows], dtype=torch.float64)  # [n] log ratio
+        self.reference_ms = float(statistics.median(s["latency_reference_ms"] for s in rows))
         x_raw = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
         g = torch.Generator().manual_seed(seed)
         order = torch.randperm(len(rows), generator=g)
@@ -210,10 +225,10 @@ class LatencyPredictor:
         self.fitted = True
         scored = hold if n_hold else train
         with torch.no_grad():
-            pred = self._ms(self.net(x[scored]).squeeze(1))  # [m] ms
+            pred = self._ratio(self.net(x[scored]).squeeze(1))  # [m] ratios
         true = log_ms[scored].exp()
         self.metrics = {
-            "rmse_ms": float(((pred - true) ** 2).mean().sqrt()),
+            "rmse_ratio": float(((pred - true) ** 2).mean().sqrt()),
             "mape": float(((pred - true).abs() / true).mean() * 100.0),
             "train_samples": float(len(train)),
             "holdout_samples": float(n_hold),
@@ -221,8 +236,9 @@ class LatencyPredictor:
         return dict(self.metrics)
 
     @torch.no_grad()
-    def predict_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
-        """Predicted latency (ms) of each arch on this predictor's workload.
+    def predict_ratio_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
+        """Predicted ``latency_ratio`` of each arch to the reference arch on this predictor's workload: the figure a
+        trial measures (:func:`nas.eval.latency.ratio.measure_latency_ratio`).
 
         Raises:
             RuntimeError: the predictor was neither fitted nor loaded.
@@ -232,7 +248,19 @@ class LatencyPredictor:
         if not archs:
             return []
         with torch_threads(1):
-            return self._ms(self.net(self._x([_as_arch(a) for a in archs])).squeeze(1)).tolist()
+            return self._ratio(self.net(self._x([_as_arch(a) for a in archs])).squeeze(1)).tolist()
+
+    def predict_ratio(self, arch: Arch | Mapping[str, Any]) -> float:
+        """Predicted ``latency_ratio`` of one arch; see :meth:`predict_ratio_many`."""
+        return self.predict_ratio_many([arch])[0]
+
+    def predict_many(self, archs: Sequence[Arch | Mapping[str, Any]]) -> list[float]:
+        """Predicted latency (ms) of each arch: its predicted ratio times ``reference_ms``.
+
+        Raises:
+            RuntimeError: the predictor was neither fitted nor loaded.
+        """
+        return [r * self.reference_ms for r in self.predict_ratio_many(archs)]
 
     def predict(self, arch: Arch | Mapping[str, Any]) -> float:
         """Predicted latency (ms) of one arch; see :meth:`predict_many`."""
@@ -244,7 +272,7 @@ class LatencyPredictor:
             "feature_names": list(FEATURE_NAMES),
             "feature_mean": self.feature_mean.tolist(),
             "feature_std": self.feature_std.tolist(),
-            "target": "log_latency_ms",
+            "target": "log_latency_ratio",
             "target_mean": self.target_mean,
             "target_std": self.target_std,
             "model_dim": self.model_dim,
@@ -305,7 +333,8 @@ class LatencyPredictor:
 def fit_predictor_file(samples: Sequence[Mapping[str, Any]], spec: SweepSpec, path: str | Path, *,
                        seed: int = 0) -> dict[str, float]:
     """Fit a :class:`LatencyPredictor` on ``samples`` (from :func:`collect_fixed_samples`) for ``spec``'s workload,
-    keep the reference sample's latency and arch, and save it to ``path`` (+ ``.json``): what ``nas latency fit``
+    keep the reference sample's arch (the reference's latency is the median of every sample's interleaved timing of
+    it), and save it to ``path`` (+ ``.json``): what ``nas latency fit``
     and the evolutionary search write.
 
     Returns:
@@ -319,17 +348,17 @@ def fit_predictor_file(samples: Sequence[Mapping[str, Any]], spec: SweepSpec, pa
     reference = next((s for s in samples if s.get("reference")), None)
     predictor = LatencyPredictor(int(samples[0].get("model_dim", spec.supernet.model_dim)),
                                  workload=workload_of(spec.search), device=str(samples[0].get("device", "")),
-                                 reference_ms=None if reference is None else float(reference["latency_ms"]),
                                  reference_arch=None if reference is None else _as_arch(reference["arch"]).to_json())
     metrics = predictor.fit(samples, seed=seed)
     predictor.save(path)
     return metrics
 
 
-def check_drift(predicted_ms: float, measured_ms: float, tolerance: float = 0.2) -> str | None:
+def check_drift(predicted_ms: float, measured_ms: float, tolerance: float = 0.2, unit: str = "ms") -> str | None:
     """A warning when a prediction is more than ``tolerance`` (relative) off a fresh measurement.
 
-    The error is ``|predicted - measured| / measured``; a predictor is only valid on the
+    The error is ``|predicted - measured| / measured`` (milliseconds, or ratios with another ``unit``, the text
+    after each figure); a predictor is only valid on the
     device, thread count and torch version it was fitted on, and HAT users report drifts
     above 20% after such changes.
 
@@ -349,6 +378,8 @@ def check_drift(predicted_ms: float, measured_ms: float, tolerance: float = 0.2)
     error = abs(predicted_ms - measured_ms) / measured_ms
     if error <= tolerance:
         return None
-    return (f"latency predictor drift: predicted {predicted_ms:.1f} ms, measured {measured_ms:.1f} ms "
+    digits = 1 if unit == "ms" else 2
+    return (f"latency predictor drift: predicted {predicted_ms:.{digits}f} {unit}, measured {measured_ms:.{digits}f} "
+            f"{unit} "
             f"({error:.0%} off, tolerance {tolerance:.0%}); the predictor was fitted on another device, "
             f"thread count or torch version, or the space changed; refit with `nas latency fit` on this machine")

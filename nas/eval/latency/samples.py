@@ -1,13 +1,12 @@
 """The predictor's dataset (HAT sec. 3.3): distinct sub-Transformers of a space, each extracted and timed on one
-fixed workload (:func:`collect_samples`, :func:`collect_fixed_samples` as a sweep times its trials), and the
-reference arch that every ``latency_ratio`` divides by (:func:`resolve_reference`, timed :data:`REFERENCE_ROUNDS`
-times).
+fixed workload interleaved with the reference arch (:func:`nas.eval.latency.ratio.measure_latency_ratio`, as a
+sweep times its trials): :func:`collect_samples`, :func:`collect_fixed_samples`; and the reference arch that every
+``latency_ratio`` divides by (:func:`resolve_reference`).
 """
 
 from __future__ import annotations
 
 import random
-import statistics
 from typing import Any, Mapping
 
 import torch
@@ -15,7 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nas.errors import NasError
-from nas.eval.latency.timing import DEFAULT_WORKLOAD, describe_device, measure_fixed_latency, torch_threads
+from nas.eval.latency.ratio import DEFAULT_ROUNDS, WARMUP_ROUNDS, latency_device, measure_latency_ratio
+from nas.eval.latency.timing import DEFAULT_WORKLOAD, describe_device, torch_threads
 from nas.eval.measure_lock import MeasureLock
 from nas.model.supernet import SuperTransformer, extract
 from nas.space.arch import Arch
@@ -23,11 +23,7 @@ from nas.space.predictor_file import workload_of
 from nas.space.schema import SweepSpec
 from nas.space.space import SearchSpace
 
-__all__ = ["REFERENCE_ROUNDS", "REFERENCE_NAMES", "resolve_reference", "collect_samples", "collect_fixed_samples"]
-
-REFERENCE_ROUNDS = 3
-"""The reference arch (``search.latency_reference``) is timed this many times and the median kept: its time divides
-every ``latency_ratio`` of a sweep, and one timing on a noisy machine can be 20% off (measured on a 2-core VM)."""
+__all__ = ["REFERENCE_NAMES", "resolve_reference", "collect_samples", "collect_fixed_samples"]
 
 REFERENCE_NAMES = ("narrowest", "widest", "middle")
 """Named values of ``search.latency_reference`` (else an arch as JSON)."""
@@ -76,14 +72,15 @@ def _sample_archs(space: SearchSpace, n: int, seed: int, reference: Arch) -> lis
 
 def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
                     workload: Mapping[str, int] | None = None, reference: Arch | None = None, seed: int = 0,
-                    repeats: int = 20, warmup: int = 5, threads: int | None = None, lock: MeasureLock | None = None,
-                    progress: bool = True) -> list[dict[str, Any]]:
+                    rounds: int = DEFAULT_ROUNDS, warmup: int = WARMUP_ROUNDS, threads: int | None = None,
+                    lock: MeasureLock | None = None, progress: bool = True) -> list[dict[str, Any]]:
     """Measure the latency of ``n`` distinct sub-Transformers of ``space`` on one workload (HAT sec. 3.3's dataset).
 
     The first two are the widest and the narrowest, the rest uniformly random (``space.sample`` with
     ``random.Random(seed)``); fewer than ``n`` when the space is smaller; then ``reference`` (``latency_ratio``'s
-    denominator) if it is not among them. Each is extracted (:func:`nas.model.supernet.extract`) and timed with
-    :func:`measure_fixed_latency` on ``workload``, with a rich progress bar on stderr.
+    denominator) if it is not among them. Each is extracted (:func:`nas.model.supernet.extract`) and timed on
+    ``workload`` interleaved with the extracted reference (:func:`nas.eval.latency.ratio.measure_latency_ratio`, the
+    one measurement a sweep's trials and ``nas retrain`` use too), with a rich progress bar on stderr.
 
     Args:
         supernet: the (trained or untrained) supernet: the fixed workload does not depend on the weights.
@@ -93,15 +90,16 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
             ``search``; None: :data:`DEFAULT_WORKLOAD`).
         reference: the arch ``latency_ratio`` divides by (:func:`nas.search.trials.resolve_reference`; None: the
             narrowest).
-        repeats, warmup: timed and untimed runs per arch (:func:`measure_fixed_latency`).
+        rounds, warmup: timed interleaved rounds and untimed runs per arch (:func:`measure_latency_ratio`).
         threads: torch threads while measuring (None: the process's; the sweep's trials run with
             ``search.cpu_per_trial``), restored afterwards.
         lock: the node's measurement lock, held exclusively during each measurement (None: none).
 
     Returns:
         One JSON-ready dict per arch: ``arch`` (:meth:`Arch.to_dict`), ``arch_id``, ``model_dim``, ``workload``,
-        ``batch_size`` and ``beam_size`` (the workload's), ``latency_ms``, ``device`` (:func:`describe_device`),
-        ``reference`` (True for the reference arch only).
+        ``batch_size`` and ``beam_size`` (the workload's), ``latency_ms`` and ``latency_reference_ms`` (medians, ms),
+        ``latency_ratio`` (what the predictor is fitted on), ``device`` (:func:`describe_device`), ``reference``
+        (True for the reference arch only).
 
     Raises:
         ValueError: ``n`` below 1, or an arch beyond the supernet's maxima (names the choice).
@@ -113,7 +111,7 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
     archs = _sample_archs(space, n, seed, reference)
     device = next(supernet.parameters()).device
     with torch_threads(threads or torch.get_num_threads()):
-        return _measure_all(supernet, archs, workload, reference, repeats, warmup, device, lock, progress)
+        return _measure_all(supernet, archs, workload, reference, rounds, warmup, device, lock, progress)
 
 
 def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *, space: SearchSpace,
@@ -122,38 +120,37 @@ def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *
                           progress: bool = False) -> list[dict[str, Any]]:
     """:func:`collect_samples` as a sweep times its trials: ``space`` (the sweep's, :func:`nas.builders.build_space`),
     the workload (:func:`workload_of`), reference
-    (:func:`resolve_reference`) and ``search.latency_repeats`` of ``spec``; ``seed`` None: ``search.seed``;
-    ``threads`` None: ``search.cpu_per_trial``.
+    (:func:`resolve_reference`) and ``search.latency_repeats`` (interleaved rounds) of ``spec``, on the device
+    ``search.latency_device`` names for a supernet on its device (:func:`latency_device`; the supernet is moved
+    there); ``seed`` None: ``search.seed``; ``threads`` None: ``search.cpu_per_trial``.
 
     Raises:
         NasError: a bad ``search.latency_reference``.
         ValueError: as :func:`collect_samples`.
     """
+    supernet.to(latency_device(spec.search.latency_device, next(supernet.parameters()).device))
     return collect_samples(supernet, space, n, workload=workload_of(spec.search),
                            reference=resolve_reference(spec, space),
-                           seed=spec.search.seed if seed is None else seed, repeats=spec.search.latency_repeats,
+                           seed=spec.search.seed if seed is None else seed, rounds=spec.search.latency_repeats,
                            threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=lock, progress=progress)
 
 
 def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[str, int], reference: Arch,
-                 repeats: int, warmup: int, device: torch.device, lock: MeasureLock | None,
+                 rounds: int, warmup: int, device: torch.device, lock: MeasureLock | None,
                  progress: bool) -> list[dict[str, Any]]:
     where = describe_device(device)
     threads = torch.get_num_threads()
+    reference_model = extract(supernet, reference).to(device)
     samples = []
     with _progress(progress) as bar:
         task = bar.add_task("archs", total=len(archs), info="")
         for arch in archs:
             model = extract(supernet, arch).to(device)
-            rounds = REFERENCE_ROUNDS if arch.arch_id == reference.arch_id else 1
-            ms = statistics.median(
-                measure_fixed_latency(model, arch, src_tokens=workload["src_tokens"], tgt_tokens=workload["tgt_tokens"],
-                                      beam_size=workload["beam"], batch_size=workload["batch"], repeats=repeats,
-                                      warmup=warmup, threads=threads, lock=lock)
-                for _ in range(rounds))
+            measured = measure_latency_ratio(model, arch, reference_model, reference, workload=workload,
+                                             rounds=rounds, warmup=warmup, threads=threads, lock=lock)
             samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
                             "workload": dict(workload), "batch_size": workload["batch"], "beam_size": workload["beam"],
-                            "latency_ms": ms, "device": where, "reference": arch.arch_id == reference.arch_id})
-            bar.update(task, advance=1, info=f"{arch.arch_id}: {ms:.1f} ms")
+                            **measured, "device": where, "reference": arch.arch_id == reference.arch_id})
+            bar.update(task, advance=1, info=f"{arch.arch_id}: {measured['latency_ratio']:.2f}x "
+                                             f"({measured['latency_ms']:.1f} ms)")
     return samples
-

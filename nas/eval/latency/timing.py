@@ -16,7 +16,7 @@ import statistics
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["DEFAULT_WORKLOAD", "measure_fixed_latency", "measure_latency", "trimmed_mean", "describe_device",
+__all__ = ["DEFAULT_WORKLOAD", "fixed_workload_run", "measure_fixed_latency", "measure_latency", "trimmed_mean", "describe_device",
            "torch_threads"]
 
 DEFAULT_WORKLOAD: dict[str, int] = {"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}
@@ -200,11 +200,36 @@ def measure_fixed_latency(model: SuperTransformer, arch: Arch | None, *, src_tok
                          f"{model.max_positions} (tgt_tokens at most max_positions - 1)")
     model.eval()
     device = next(model.parameters()).device
-    src = _fixed_source(src_tokens, batch_size, model.vocab_size, device)  # [b, s]
-    run = lambda: beam_search(model, src, arch, beam_size=beam_size, bos_id=_BOS_ID, eos_id=_EOS_ID,  # noqa: E731
-                              min_len=tgt_tokens, max_len_a=0.0, max_len_b=tgt_tokens)
+    run = fixed_workload_run(model, arch, {"src_tokens": src_tokens, "tgt_tokens": tgt_tokens, "beam": beam_size,
+                                           "batch": batch_size})
     with (lock.exclusive() if lock is not None else nullcontext()), torch_threads(threads):
         return trimmed_mean(_time_runs(run, warmup, repeats, device))
+
+
+def fixed_workload_run(model: SuperTransformer, arch: Arch | None, workload: Mapping[str, int]) -> Callable[[], None]:
+    """One beam search of HAT's fixed workload (Wang et al. 2020, sec. 4) as a call: ``[batch, src_tokens]`` dummy
+    sources (the word ids 4, 5, 6, ... and EOS last, no PAD), beam ``beam``, exactly ``tgt_tokens`` decoder steps
+    (EOS held back until the last step, which forces it), embeddings, key/value cache and output projection
+    included. The model stays on its device; the caller times the call.
+
+    Raises:
+        ValueError: a size below 1, a length beyond ``model.max_positions`` (``tgt_tokens`` at most
+            ``max_positions - 1``), or a vocabulary without word ids.
+    """
+    src_tokens, tgt_tokens = int(workload["src_tokens"]), int(workload["tgt_tokens"])
+    beam_size, batch_size = int(workload["beam"]), int(workload["batch"])
+    bad = [f"{k}={v} must be >= 1" for k, v in workload.items() if int(v) < 1]
+    if bad:
+        raise ValueError("; ".join(bad))
+    if src_tokens > model.max_positions or tgt_tokens > model.max_positions - 1:
+        raise ValueError(f"src_tokens={src_tokens} / tgt_tokens={tgt_tokens} exceed the model's max_positions="
+                         f"{model.max_positions} (tgt_tokens at most max_positions - 1)")
+    src = _fixed_source(src_tokens, batch_size, model.vocab_size, next(model.parameters()).device)  # [b, s]
+
+    def run() -> None:
+        beam_search(model, src, arch, beam_size=beam_size, bos_id=_BOS_ID, eos_id=_EOS_ID, min_len=tgt_tokens,
+                    max_len_a=0.0, max_len_b=tgt_tokens)
+    return run
 
 
 def _time_runs(run, warmup: int, repeats: int, device: torch.device) -> list[float]:

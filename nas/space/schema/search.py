@@ -13,8 +13,13 @@ from pydantic import Field, field_validator, model_validator
 from nas.space.constraints import Constraint, parse_constraint
 from nas.space.schema.base import StrictModel
 
-__all__ = ["MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec"]
+__all__ = ["DEFAULT_LATENCY_ROUNDS", "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec"]
 
+
+
+DEFAULT_LATENCY_ROUNDS = 15
+"""``search.latency_repeats``' default: interleaved rounds per latency measurement. Past about 15 the ratio's spread
+over repeated measurements on a 2-core VM stops shrinking (``benchmarks/bench_latency_ratio.py``, ``docs/search.md``)."""
 
 class MetricSpec(StrictModel):
     name: Literal["bleu", "chrf", "valid_loss", "params_m", "latency_ms", "latency_ratio"]  # constraints.METRIC_NAMES
@@ -111,9 +116,10 @@ class SearchSpec(StrictModel):
     """Score each trial on the first N validation sentences (None: all)."""
     latency_sentences: int = Field(10, ge=1)
     """Ignored since ``latency_ms`` times the fixed workload ``latency_workload``; kept so old YAMLs load."""
-    latency_repeats: int = Field(20, ge=1)
-    """Timed runs of ``latency_workload`` (after 5 untimed ones); ``latency_ms`` averages them with the top and
-    bottom 10% dropped (HAT's statistic)."""
+    latency_repeats: int = Field(DEFAULT_LATENCY_ROUNDS, ge=1)
+    """Interleaved rounds of ``latency_workload``: one run of the arch between two of the reference arch, after 2
+    untimed runs of each (:func:`nas.eval.latency.measure_latency_ratio`); ``latency_ratio`` is the median per-round
+    ratio, ``latency_ms`` and ``latency_reference_ms`` the medians of the runs."""
     latency_workload: LatencyWorkloadSpec = LatencyWorkloadSpec()
     """What ``latency_ms`` times (:class:`LatencyWorkloadSpec`; default a 30-token source, 30 decoder steps,
     beam ``beam_size``, batch 1)."""

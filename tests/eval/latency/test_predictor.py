@@ -20,8 +20,13 @@ def _stack(n: int, width: int = 16, paths: int = 1) -> StackArch:
     return StackArch((width,) * n, (32,) * n, (1,) * n, (paths,) * n)
 
 
+REFERENCE_MS = (7.0, 7.5, 8.0)
+"""The samples' interleaved reference timings cycle through these (median 7.5 ms)."""
+
+
 def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
-    """latency_ms = 0.05 * sum(width) + 1.0 * layers + 2, times (1 + N(0, noise))."""
+    """latency_ms = 0.05 * sum(width) + 1.0 * layers + 2, times (1 + N(0, noise)); ``latency_ratio`` = latency_ms / 7.5
+    (the median of :data:`REFERENCE_MS`), as :func:`collect_samples` measures it against the reference."""
     space, _ = tiny_space()
     rng = random.Random(seed)
     samples = []
@@ -29,7 +34,9 @@ def _synthetic(n: int, seed: int, noise: float = 0.02) -> list[dict]:
         arch = space.sample(rng)
         layers = arch.encoder.layers + arch.decoder.layers
         ms = 0.05 * (sum(arch.encoder.width) + sum(arch.decoder.width)) + 1.0 * layers + 2.0
-        samples.append({"arch": arch.to_dict(), "latency_ms": ms * (1.0 + rng.gauss(0.0, noise)),
+        ms *= 1.0 + rng.gauss(0.0, noise)
+        samples.append({"arch": arch.to_dict(), "latency_ms": ms, "latency_ratio": ms / 7.5,
+                        "latency_reference_ms": REFERENCE_MS[len(samples) % 3],
                         "workload": dict(DEFAULT_WORKLOAD), "batch_size": 1, "beam_size": 4})
     return samples
 
@@ -87,14 +94,17 @@ def test_predictor_learns_a_known_relation_within_the_noise():
     assert metrics["mape"] < MAPE_LIMIT, metrics
     fresh = _synthetic(30, seed=2, noise=0.0)
     errors = [abs(predictor.predict(s["arch"]) - s["latency_ms"]) / s["latency_ms"] for s in fresh]
-    assert sum(errors) / len(errors) * 100 < MAPE_LIMIT
+    assert sum(errors) / len(errors) * 100 < MAPE_LIMIT  # ms: the predicted ratio times the reference's 7.5 ms
+    assert predictor.reference_ms == 7.5
+    ratio_errors = [abs(predictor.predict_ratio(s["arch"]) - s["latency_ratio"]) / s["latency_ratio"] for s in fresh]
+    assert sum(ratio_errors) / len(ratio_errors) * 100 < MAPE_LIMIT
 
 
 def test_predictor_cannot_fit_a_shuffled_target():
     samples = _synthetic(200, seed=1)
-    latencies = [s["latency_ms"] for s in samples]
+    latencies = [s["latency_ratio"] for s in samples]
     random.Random(3).shuffle(latencies)
-    shuffled = [{**s, "latency_ms": ms} for s, ms in zip(samples, latencies)]
+    shuffled = [{**s, "latency_ratio": r} for s, r in zip(samples, latencies)]
     metrics = LatencyPredictor(MODEL_DIM).fit(shuffled, holdout=0.2, epochs=600, seed=0)
     assert metrics["mape"] > 2 * MAPE_LIMIT, metrics
 
@@ -108,8 +118,13 @@ def test_fit_uses_only_samples_on_its_workload_and_says_which_exist():
     legacy = [{k: v for k, v in s.items() if k != "workload"} for s in samples]  # batch and beam size only
     with pytest.raises(NasError, match=r"0 samples .*'batch1-beam4'"):
         LatencyPredictor(MODEL_DIM, workload={**DEFAULT_WORKLOAD, "beam": 5}).fit(legacy, epochs=1)
-    with pytest.raises(ValueError, match="latency_ms=0.0"):
-        LatencyPredictor(MODEL_DIM).fit([*samples, {**samples[0], "latency_ms": 0.0}], epochs=1)
+    with pytest.raises(ValueError, match=r"latency_ratio=0.0 must be positive"):
+        LatencyPredictor(MODEL_DIM).fit([*samples, {**samples[0], "latency_ratio": 0.0}], epochs=1)
+    with pytest.raises(ValueError, match=r"latency_reference_ms=-1.0 must be positive"):
+        LatencyPredictor(MODEL_DIM).fit([*samples, {**samples[0], "latency_reference_ms": -1.0}], epochs=1)
+    timed_apart = [{k: v for k, v in s.items() if k not in ("latency_ratio", "latency_reference_ms")} for s in samples]
+    with pytest.raises(NasError, match=r"samples\[0\] has no interleaved latency_ratio.*`nas latency fit`"):
+        LatencyPredictor(MODEL_DIM).fit(timed_apart, epochs=1)
     with pytest.raises(RuntimeError, match="not fitted"):
         LatencyPredictor(MODEL_DIM).predict(samples[0]["arch"])
 
@@ -122,13 +137,15 @@ def test_save_and_load_give_identical_predictions_and_keep_workload_and_referenc
     workload = {"src_tokens": 12, "tgt_tokens": 9, "beam": 4, "batch": 1}
     samples = [{**s, "workload": workload} for s in samples]
     reference = space.narrowest().to_json()
-    predictor = LatencyPredictor(MODEL_DIM, hidden=16, workload=workload, device="cpu: test", reference_ms=7.5,
-                                 reference_arch=reference)
+    predictor = LatencyPredictor(MODEL_DIM, hidden=16, workload=workload, device="cpu: test", reference_ms=99.0,
+                                 reference_arch=reference)  # the fit replaces 99 ms with the samples' median
     predictor.fit(samples, epochs=50, seed=0)
     path = predictor.save(tmp_path / "latency.safetensors")
     loaded = LatencyPredictor.load(path)
     archs = [s["arch"] for s in samples]
     assert loaded.predict_many(archs) == predictor.predict_many(archs)
+    assert loaded.predict_ratio_many(archs) == predictor.predict_ratio_many(archs)
+    assert meta_format(tmp_path / "latency.json") == "nas-latency-predictor/2"
     assert loaded.workload == workload and loaded.reference_ms == 7.5 and loaded.reference_arch == reference
     meta = json.loads((tmp_path / "latency.json").read_text())
     assert meta["device"] == "cpu: test" and meta["batch_size"] == 1 and meta["beam_size"] == 4
@@ -147,6 +164,24 @@ def test_a_predictor_saved_without_a_workload_is_refused_with_refit(tmp_path):
     path.with_suffix(".json").write_text(json.dumps(meta))
     for read in (LatencyPredictor.load, read_predictor_meta):
         with pytest.raises(NasError, match=r"old\.safetensors names no latency workload.*refit with `nas latency fit`"):
+            read(path)
+
+
+def meta_format(sidecar) -> str:
+    return json.loads(sidecar.read_text())["format"]
+
+
+def test_a_predictor_of_milliseconds_timed_apart_is_refused_with_refit(tmp_path):
+    """Format 1 predicted milliseconds timed apart from the reference: its ratios are not the trials'."""
+    predictor = LatencyPredictor(MODEL_DIM, hidden=8)
+    predictor.fit(_synthetic(10, seed=6), epochs=5)
+    path = predictor.save(tmp_path / "v1.safetensors")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    path.with_suffix(".json").write_text(json.dumps({**meta, "format": "nas-latency-predictor/1",
+                                                     "target": "log_latency_ms"}))
+    for read in (LatencyPredictor.load, read_predictor_meta):
+        with pytest.raises(NasError, match=r"v1\.safetensors predicts milliseconds timed apart .*refit with `nas latency "
+                                           r"fit`"):
             read(path)
 
 
@@ -172,3 +207,5 @@ def test_check_drift_warns_only_beyond_the_tolerance():
     assert check_drift(11.0, 10.0, tolerance=0.05) is not None
     with pytest.raises(ValueError, match="measured_ms=0"):
         check_drift(1.0, 0.0)
+    ratio = check_drift(1.5, 1.2, unit="x the reference")
+    assert ratio is not None and "predicted 1.50 x the reference, measured 1.20 x the reference (25% off" in ratio
