@@ -7,8 +7,9 @@ What lives where (every public name below is re-exported here and loaded on firs
   chrF, sacrebleu), :func:`valid_loss` (NLL, nats per target token), :func:`encode_sources`, :class:`Scores`.
 - :mod:`nas.eval.validation`: :func:`validation_scores` (BLEU, chrF and validation loss of a sub-Transformer: the
   one scoring recipe of the search, the trainer, fidelity and fine-tuning) on a :class:`ValidationSet` loaded once.
-- :mod:`nas.eval.latency` (modules timing, predictor, samples): :func:`measure_fixed_latency` (a trial's
-  ``latency_ms``: HAT's fixed workload), :func:`resolve_reference` (``latency_ratio``'s reference arch),
+- :mod:`nas.eval.latency` (modules timing, ratio, predictor, samples): :func:`measure_latency_ratio` (a trial's
+  ``latency_ratio``, ``latency_ms`` and ``latency_reference_ms``: the arch and the reference timed interleaved on
+  HAT's fixed workload), :func:`measure_fixed_latency` (one arch alone), :func:`resolve_reference` (``latency_ratio``'s reference arch),
   :func:`measure_latency` (median ms per batch of real sentences), :func:`collect_samples`,
   :func:`collect_fixed_samples`, :func:`fit_predictor_file`, :func:`arch_features` and the HAT-style
   :class:`LatencyPredictor`, :func:`check_drift`, :func:`describe_device`.
@@ -30,7 +31,7 @@ _MODULES = {
     "validation": ("ValidationSet", "validation_scores"),
     "latency": ("FEATURE_NAMES", "arch_features", "measure_latency", "collect_samples", "describe_device",
                 "LatencyPredictor", "check_drift", "measure_fixed_latency", "resolve_reference",
-                "collect_fixed_samples", "fit_predictor_file"),
+                "collect_fixed_samples", "fit_predictor_file", "measure_latency_ratio", "latency_device"),
     "measure_lock": ("LOCK_DIR_ENV", "Hold", "MeasureLock", "lock_dir"),
 }
 """Submodule -> the public names it defines (its ``__all__``)."""
@@ -39,12 +40,14 @@ _HOMES = {name: module for module, names in _MODULES.items() for name in names}
 __all__ = ["FEATURE_NAMES", "Hold", "LOCK_DIR_ENV", "LatencyPredictor", "MeasureLock", "Scores", "arch_features",
            "check_drift", "collect_samples", "corpus_scores", "describe_device", "encode_sources", "lock_dir",
            "measure_latency", "translate", "valid_loss", "ValidationSet", "validation_scores",
-           "measure_fixed_latency", "resolve_reference", "collect_fixed_samples", "fit_predictor_file"]
+           "measure_fixed_latency", "resolve_reference", "collect_fixed_samples", "fit_predictor_file",
+           "measure_latency_ratio", "latency_device"]
 
 if TYPE_CHECKING:
     from nas.eval.latency import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift,
                                   collect_fixed_samples, collect_samples, describe_device, fit_predictor_file,
-                                  measure_fixed_latency, measure_latency, resolve_reference)
+                                  latency_device, measure_fixed_latency, measure_latency, measure_latency_ratio,
+                                  resolve_reference)
     from nas.eval.measure_lock import LOCK_DIR_ENV, Hold, MeasureLock, lock_dir
     from nas.eval.scores import Scores, corpus_scores, encode_sources, translate, valid_loss
     from nas.eval.validation import ValidationSet, validation_scores

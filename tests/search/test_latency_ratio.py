@@ -188,3 +188,26 @@ def test_the_workload_tag_names_every_field_with_beam_from_beam_size(tiny):
     assert workload_tag(workload_of(_spec(raw).search)) == "src8-tgt6-beam2-batch1"
     spec = _spec(raw, latency_workload={"beam": 5, "batch": 3})
     assert workload_of(spec.search) == {"src_tokens": 30, "tgt_tokens": 30, "beam": 5, "batch": 3}
+
+
+def test_a_trial_s_line_shows_the_measured_ratio_and_level_1_s_prediction_beside_it():
+    from nas.search.callbacks import _latency_text
+
+    measured = {"latency_ratio": 1.12, "latency_ms": 76.54}
+    assert _latency_text(measured) == "latency 1.12x the reference, 76.5 ms"
+    predicted = {**measured, "latency_ratio_pred": 1.08, "latency_drift": 0.0357}
+    assert _latency_text(predicted) == "latency 1.12x the reference (predicted 1.08x, 4% off), 76.5 ms"
+
+
+@pytest.mark.filterwarnings("ignore:.*latency predictor drift")  # the fake timings are far from the prediction
+def test_score_arch_reports_level_1_s_predicted_ratio_beside_the_measured_one(tiny, predictor_file, fake_timings):
+    raw, data, model = tiny
+    path, _ = predictor_file
+    spec = _spec(raw)  # no search.latency_predictor: the predictor level 1 fitted in this sweep
+    arch = SearchSpace.from_spec(spec).widest()
+    metrics = score_arch(model, arch, spec, data, level1_predictor=path)
+    assert metrics["latency_ratio"] == pytest.approx(14.0 / 11.0)  # measured (the fake timings)
+    assert metrics["latency_ratio_pred"] == pytest.approx(LatencyPredictor.load(path).predict_ratio(arch))
+    assert metrics["latency_drift"] == pytest.approx(abs(metrics["latency_ratio_pred"] - metrics["latency_ratio"])
+                                                     / metrics["latency_ratio"])
+    assert "latency_ratio_pred" not in score_arch(model, arch, spec, data)  # without one, no prediction
