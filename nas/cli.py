@@ -163,18 +163,20 @@ app.command()(cli_tools.average)
 
 @app.command()
 def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow experiment (default: the latest sweep's)."),
-                metric: str = typer.Option("bleu", help="bleu | chrf | valid_loss | params_m | latency_ms"),
+                metric: str = typer.Option("bleu", help="bleu | chrf | valid_loss | params_m | latency_ms | "
+                                                          "latency_ratio"),
                 top: int = typer.Option(10, min=1), sweep_id: Optional[str] = typer.Option(None, "--sweep", help="Only this sweep id."),
                 fmt: str = typer.Option("table", "--format", help="table | csv | json | parquet"),
                 out_file: Optional[Path] = typer.Option(None, "--out", help="File for csv/json/parquet."),
                 status: str = typer.Option("FINISHED", help="FINISHED | FAILED | KILLED | RUNNING | all"),
                 where: Optional[list[str]] = typer.Option(None, "--where", help="Constraint METRIC OP NUMBER, e.g. "
-                                                          "'latency_ms<=40' (repeatable; all must hold)."),
+                                                          "'latency_ratio<=1.25' (repeatable; all must hold)."),
                 pareto: bool = typer.Option(False, "--pareto", help="Mark the trials on the Pareto front (scans every "
                                                                   "matching trial; with --sweep, of the trials meeting "
                                                                   "its search.constraints)."),
-                objectives: Optional[str] = typer.Option(None, help="Front objectives, e.g. 'bleu:max,latency_ms:min' "
-                                                         "(default: the sweep YAML's first two metrics, else that)."),
+                objectives: Optional[str] = typer.Option(None, help="Front objectives, e.g. 'bleu:max,latency_ratio:min' "
+                                                         "(default: with --sweep, the sweep YAML's first two "
+                                                         "metrics; else bleu:max,latency_ms:min)."),
                 page_size: int = typer.Option(1000, min=1, help="Runs fetched from MLflow per request."),
                 plot_file: Optional[Path] = typer.Option(None, "--plot", help="Also write the front as a PNG "
                                                          "(first objective against the second)."),

@@ -200,6 +200,16 @@ class ParetoScan:
     """``[scanned]``: whether each kept point meets its sweep's constraints (only with ``keep_points``)."""
     infeasible: int = 0
     """Runs that matched the filters but break their sweep's constraints (counted in ``scanned``)."""
+    latency_ms: list[float | None] = dataclasses.field(default_factory=list)
+    """``[scanned]``: each kept point's ``latency_ms`` (only with ``keep_points``), shown beside a ``latency_ratio``
+    axis."""
+    where: tuple[str, ...] = ()
+    """The ``--where`` filters of the scan, as given."""
+    status: str = "FINISHED"
+    """The status filter of the scan."""
+    before_where: int | None = None
+    """When ``where`` left no run: the runs matching the other filters (None otherwise), so that an empty plot can
+    say that the ``where`` filter removed them all."""
 
     def front_flags(self) -> list[bool]:
         """``[scanned]``: whether each kept point is on the front of the feasible points."""
@@ -224,7 +234,9 @@ def pareto_scan(
 ) -> ParetoScan:
     """Page through every matching trial run once, keeping only the best ``top`` rows (ranked by
     ``metric``, default the first objective's metric in its goal's order), the Pareto front so far
-    and, with ``keep_points``, the objective values (k floats per run, for plots).
+    and, with ``keep_points``, the objective values (k floats per run, for plots) and each run's ``latency_ms``;
+    with ``keep_points`` and ``where`` filters that leave no run, one more scan counts the runs matching the other
+    filters (``ParetoScan.before_where``), so that an empty plot can say the filter removed them.
 
     The front is updated one page at a time as front(front + page) with :func:`pareto_mask`, so
     memory holds one page, the front and the top rows, whatever the number of runs.
@@ -257,6 +269,7 @@ def pareto_scan(
     front: list[LeaderboardRow] = []
     points: list[tuple[float | None, ...]] = []
     feasible: list[bool] = []
+    latency_ms: list[float | None] = []
     scanned = infeasible = 0
 
     def ok(row: LeaderboardRow) -> bool:
@@ -270,14 +283,20 @@ def pareto_scan(
         if keep_points:
             points.extend(values(r) for r in page)
             feasible.extend(ok(r) for r in page)
+            latency_ms.extend(r.latency_ms for r in page)
         candidates = front + [r for r in page if ok(r)]
         front = [r for r, on in zip(candidates, pareto_mask([values(r) for r in candidates], maximize)) if on]
     on_front = {r.run_id for r in front}
     first = objectives[0]
     front.sort(key=lambda r: -getattr(r, first.metric) if first.maximize else getattr(r, first.metric))
     flag = lambda r: dataclasses.replace(r, pareto=r.run_id in on_front)  # noqa: E731
+    before_where = None
+    if keep_points and where and not scanned:  # for the plot's note: did the filter remove every trial?
+        before_where = sum(1 for _ in iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status,
+                                                            page_size=page_size, include_infeasible=True))
     return ParetoScan(rows=[flag(r) for r in best], front=[flag(r) for r in front], scanned=scanned,
-                      points=points, objectives=objectives, feasible=feasible, infeasible=infeasible)
+                      points=points, objectives=objectives, feasible=feasible, infeasible=infeasible,
+                      latency_ms=latency_ms, where=tuple(where), status=status, before_where=before_where)
 
 
 def best_trial(

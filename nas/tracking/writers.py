@@ -32,7 +32,9 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     """A :class:`rich.table.Table` with columns rank, run id (first 8 chars), arch, BLEU, chrF,
-    params (M), latency (ms); missing metrics shown as ``-``. When any row's arch was retrained (``nas retrain``),
+    params (M), latency (ms); missing metrics shown as ``-``. When any row has a ``latency_ratio`` (the budget a sweep
+    sets, ``search.constraints``), a column ``latency ratio`` comes before ``latency (ms)``, the milliseconds beside
+    it. When any row's arch was retrained (``nas retrain``),
     a column ``retrained BLEU`` shows that model's BLEU beside the inherited one. When any row has a ``feasible`` verdict, a
     column ``feasible`` says ``yes``/``no`` (``-``: its sweep has no constraints); when any row has a
     ``pareto`` flag, a last column ``front`` marks the non-dominated rows with ``*``."""
@@ -42,7 +44,8 @@ def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
     table.add_column("rank", justify="right")
     table.add_column("run id", style="dim")
     table.add_column("arch", overflow="fold")
-    for name in ("BLEU", "chrF", "params (M)", "latency (ms)"):
+    ratio = any(r.latency_ratio is not None for r in rows)
+    for name in ("BLEU", "chrF", "params (M)", *(["latency ratio"] if ratio else []), "latency (ms)"):
         table.add_column(name, justify="right")
     retrained = any(r.retrain_bleu is not None for r in rows)
     if retrained:  # beside the inherited scores: the same arch trained alone (nas retrain)
@@ -55,7 +58,8 @@ def leaderboard_table(rows: list[LeaderboardRow], title: str = "") -> Table:
         table.add_column("front", justify="center")
     for i, r in enumerate(rows, 1):
         cells = [str(i), r.run_id[:8], r.arch,
-                 _fmt(r.bleu), _fmt(r.chrf), _fmt(r.params_m), _fmt(r.latency_ms)]
+                 _fmt(r.bleu), _fmt(r.chrf), _fmt(r.params_m), *([_fmt(r.latency_ratio)] if ratio else []),
+                 _fmt(r.latency_ms)]
         if retrained:
             cells.append(_fmt(r.retrain_bleu))
         if judged:

@@ -1,0 +1,84 @@
+"""The leaderboard shows the budget a sweep sets, ``latency_ratio``, with the milliseconds beside it (issue 40)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from nas import tracking
+from nas.cli import app
+from nas.tracking import LeaderboardRow
+
+EXP = "quickstart"
+
+
+@pytest.fixture(scope="module")
+def store_db(tmp_path_factory):
+    """A SQLite MLflow store (built once per module) holding a quickstart-like sweep under ``latency_ratio<=1.25``
+    whose trials take 69-108 ms: ``a`` (1.10x) and ``b`` (1.20x) meet the budget, ``c`` (1.70x) does not."""
+    root = tmp_path_factory.mktemp("quickstart-store")
+    ids = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        sweep = tracking.start_run(EXP, "sweep", role="sweep", tags={"nas.sweep_id": "S"},
+                                   params={tracking.PARAM_CONSTRAINTS: "latency_ratio<=1.25"})
+        for name, bleu, ms, ratio in (("a", 20.0, 69.0, 1.10), ("b", 22.0, 75.0, 1.20), ("c", 24.0, 108.0, 1.70)):
+            ids[name] = tracking.start_run(EXP, name, role="trial", parent_run_id=sweep,
+                                           tags={"nas.arch_summary": f"arch-{name}", "nas.sweep_id": "S"})
+            tracking.log_metrics(ids[name], {"bleu": bleu, "latency_ms": ms, "latency_ratio": ratio,
+                                             "latency_reference_ms": ms / ratio})
+            tracking.end_run(ids[name], "FINISHED")
+        tracking.end_run(sweep)
+    return root / "mlflow.db", ids
+
+
+@pytest.fixture
+def store(store_db, tmp_path, monkeypatch):
+    """A copy of :func:`store_db` in ``tmp_path`` (the tracking store and the current folder); returns the trial
+    run ids by name."""
+    shutil.copyfile(store_db[0], tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    return store_db[1]
+
+
+def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
+    """The header cells and the row cells of the rich table in ``stdout``."""
+    lines = stdout.splitlines()
+    header = next(line for line in lines if "rank" in line)
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in lines if line.count("│") > 6]
+    return [c.strip() for c in header.split("┃")[1:-1]], rows
+
+
+def test_table_shows_the_ratio_with_the_milliseconds_beside_it():
+    rows = [LeaderboardRow("0123456789abcdef", "L2", 25.0, 50.0, 12.5, 72.4, 2.1, "A", "x", latency_ratio=1.1234),
+            LeaderboardRow("fedcba9876543210", "L4", 20.0, None, None, None, None, None, None)]
+    table = tracking.leaderboard_table(rows)
+    headers = [str(c.header) for c in table.columns]
+    assert headers == ["rank", "run id", "arch", "BLEU", "chrF", "params (M)", "latency ratio", "latency (ms)"]
+    assert list(table.columns[6].cells) == ["1.12", "-"] and list(table.columns[7].cells) == ["72.40", "-"]
+
+
+def test_cli_leaderboard_filters_and_shows_the_quickstart_s_budget(store):
+    runner = CliRunner(env={"COLUMNS": "200"})
+    # the README's old filter: the quickstart's trials take 69-108 ms, so no row and a line saying why
+    result = runner.invoke(app, ["leaderboard", "--where", "latency_ms<=20"])
+    assert result.exit_code == 0, result.output
+    assert _table(result.stdout)[1] == [] and "none of the 3 FINISHED trials" in result.stderr
+    # the README's filter: the budget the sweep set
+    result = runner.invoke(app, ["leaderboard", "--where", "latency_ratio<=1.25", "--pareto", "--objectives",
+                                 "bleu:max,latency_ratio:min", "--plot", "front.png"])
+    assert result.exit_code == 0, result.output
+    headers, rows = _table(result.stdout)
+    at = headers.index("latency ratio")
+    assert headers[at + 1] == "latency (ms)"  # the milliseconds beside the ratio
+    assert [(r[2], r[at], r[at + 1], r[-1]) for r in rows] == [("arch-b", "1.20", "75.00", "*"),
+                                                              ("arch-a", "1.10", "69.00", "*")]
+    assert "Pareto front (bleu:max, latency_ratio:min): 2 of 2 matching trials" in result.stdout
+    # ranked by the ratio: lowest first, the trial over the budget left out
+    result = runner.invoke(app, ["leaderboard", "--metric", "latency_ratio"])
+    assert result.exit_code == 0, result.output
+    assert [r[1] for r in _table(result.stdout)[1]] == [store["a"][:8], store["b"][:8]]
