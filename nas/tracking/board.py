@@ -36,8 +36,8 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
                 pareto: bool = False, objectives: str | None = None, page_size: int = PAGE_SIZE,
                 keep_points: bool = False, explain: bool = False) -> Board:
     """The ``top`` trials of ``experiment`` by ``metric`` (:func:`leaderboard`), or with ``pareto`` those of a
-    :func:`pareto_scan` of ``objectives`` (default: the sweep's with ``sweep_id``, else
-    :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`); with ``explain``,
+    :func:`pareto_scan` of ``objectives`` (default: the sweep's with ``sweep_id``, else the experiment's newest
+    sweep's, else :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`); with ``explain``,
     also why it is empty and which constraints applied (``Board.why_empty``, ``Board.note``).
 
     Raises:
@@ -59,8 +59,10 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
                                     "are not applied")
         elif sweep_id:  # the sweep's objectives are read from its parent run
             objs = sweep_objectives(find_sweep_run(sweep_id, experiment))
-        else:
-            objs = DEFAULT_OBJECTIVES
+        else:  # the newest sweep's: its budget (e.g. latency_ratio), not latency_ms
+            sweeps = find_runs(experiment, role="sweep")
+            objs = (sweep_objectives(max(sweeps, key=lambda r: r.info.start_time)) if sweeps
+                    else DEFAULT_OBJECTIVES)
         scan = pareto_scan(experiment, objs, metric=metric, top=top, sweep_id=sweep_id, status=status,
                            where=tuple(where), page_size=page_size, keep_points=keep_points,
                            include_infeasible=include_infeasible)

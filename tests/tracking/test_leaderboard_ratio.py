@@ -82,3 +82,23 @@ def test_cli_leaderboard_filters_and_shows_the_quickstart_s_budget(store):
     result = runner.invoke(app, ["leaderboard", "--metric", "latency_ratio"])
     assert result.exit_code == 0, result.output
     assert [r[1] for r in _table(result.stdout)[1]] == [store["a"][:8], store["b"][:8]]
+
+
+def test_pareto_without_objectives_takes_the_newest_sweep_s(tmp_path, monkeypatch):
+    """A user who swept against latency_ratio gets that front from `--pareto` alone, not latency_ms's."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    old = tracking.start_run(EXP, "old", role="sweep", tags={"nas.sweep_id": "OLD",
+                                                               tracking.TAG_OBJECTIVES: "bleu:max,params_m:min"})
+    tracking.end_run(old)
+    sweep = tracking.start_run(EXP, "sweep", role="sweep", tags={"nas.sweep_id": "S",
+                                                                 tracking.TAG_OBJECTIVES: "bleu:max,latency_ratio:min"})
+    for name, bleu, ms, ratio in (("a", 20.0, 90.0, 1.10), ("b", 22.0, 70.0, 1.20)):  # ms and ratio disagree
+        run = tracking.start_run(EXP, name, role="trial", parent_run_id=sweep,
+                                 tags={"nas.arch_summary": f"arch-{name}", "nas.sweep_id": "S"})
+        tracking.log_metrics(run, {"bleu": bleu, "latency_ms": ms, "latency_ratio": ratio, "params_m": 1.0})
+        tracking.end_run(run, "FINISHED")
+    tracking.end_run(sweep)
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["leaderboard", "--pareto"])
+    assert result.exit_code == 0, result.output
+    assert "Pareto front (bleu:max, latency_ratio:min): 2 of 2" in result.stdout  # by ms, a would be dominated
