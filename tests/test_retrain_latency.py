@@ -6,6 +6,8 @@ weights."""
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -24,7 +26,8 @@ TYPE1_SPACE = {"model_width": {"values": [16, 32]}, "width": {"tie": "model_widt
 SEARCH = {"latency_repeats": 25, "latency_workload": {"src_tokens": 10, "tgt_tokens": 8}, "beam_size": 2}
 RATIO_TOLERANCE = 0.10
 """Two measurements of one ratio on this 2-core VM differ by up to about this much under load
-(``benchmarks/bench_latency_ratio.py``: the spread of 5 repeated 25-round measurements, docs/search.md)."""
+(``benchmarks/bench_latency_ratio.py``: the spread ``(max - min) / median`` of 5 repeated 25-round measurements was
+5.6-7.8%, ``benchmarks/results/latency_ratio_2026-11-28.txt``); each side here is the median of 3."""
 
 
 def _type1_spec(multi30k, tmp_path):
@@ -67,9 +70,12 @@ def test_retrain_and_a_trial_report_the_same_latency_ratio_for_the_same_arch(mul
     arch, reference = space.widest(), resolve_reference(spec, space)
     torch.manual_seed(0)
     supernet = build_supernet(spec, VOCAB).eval()
-    trial = _measure(supernet, extract(supernet, arch).eval(), arch, reference, spec, MeasureLock())
+    crop = extract(supernet, arch).eval()
     retrained = SuperTransformer.from_config(_arch_config(spec, VOCAB, arch)).eval()
-    retrain = _latency(spec, retrained, arch, VOCAB)
-    assert set(trial) == set(retrain) == {"latency_ms", "latency_reference_ms", "latency_ratio"}
-    assert trial["latency_ratio"] > 1.1  # the widest against the narrowest: a ratio worth comparing
-    assert abs(retrain["latency_ratio"] / trial["latency_ratio"] - 1) <= RATIO_TOLERANCE, (trial, retrain)
+    trial = [_measure(supernet, crop, arch, reference, spec, MeasureLock()) for _ in range(3)]
+    retrain = [_latency(spec, retrained, arch, VOCAB) for _ in range(3)]
+    assert set(trial[0]) == set(retrain[0]) == {"latency_ms", "latency_reference_ms", "latency_ratio"}
+    trial_ratio = statistics.median(m["latency_ratio"] for m in trial)
+    retrain_ratio = statistics.median(m["latency_ratio"] for m in retrain)
+    assert trial_ratio > 1.1  # the widest against the narrowest: a ratio worth comparing
+    assert abs(retrain_ratio / trial_ratio - 1) <= RATIO_TOLERANCE, (trial, retrain)

@@ -84,8 +84,8 @@ def deep_and_shallow():
 
 
 def _ratio_in_a_worker(queue, loaded: bool) -> None:
-    """One worker process: the widest arch of :func:`deep_and_shallow` against the narrowest, 25 rounds, with or
-    without a busy neighbour process computing throughout."""
+    """One worker process: the widest arch of :func:`deep_and_shallow` against the narrowest (the median of 3
+    measurements of 25 rounds), with or without a busy neighbour process computing throughout."""
     torch.set_num_threads(1)
     space, supernet = deep_and_shallow()
     from nas.model.supernet import extract
@@ -98,8 +98,9 @@ def _ratio_in_a_worker(queue, loaded: bool) -> None:
         time.sleep(0.5)
     try:
         wide, narrow = space.widest(), space.narrowest()
-        got = measure_latency_ratio(extract(supernet, wide), wide, extract(supernet, narrow), narrow,
-                                    workload=WORKLOAD, rounds=25, threads=1)
+        wide_model, narrow_model = extract(supernet, wide), extract(supernet, narrow)
+        got = statistics.median(measure_latency_ratio(wide_model, wide, narrow_model, narrow, workload=WORKLOAD,
+                                                      rounds=25, threads=1)["latency_ratio"] for _ in range(3))
     finally:
         stop.set()
         if neighbour is not None:
@@ -117,5 +118,5 @@ def test_two_worker_processes_under_different_contention_give_the_same_ratio_wit
         results.append(queue.get(timeout=240))
         worker.join(30)
     quiet, loaded = results
-    assert quiet["latency_ratio"] > 1.5  # the deep arch is measurably slower than the shallow one
-    assert abs(loaded["latency_ratio"] / quiet["latency_ratio"] - 1) <= 0.05, (quiet, loaded)
+    assert quiet > 1.5  # the deep arch is measurably slower than the shallow one
+    assert abs(loaded / quiet - 1) <= 0.05, (quiet, loaded)
