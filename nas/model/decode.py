@@ -116,6 +116,8 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     max_len = max_len.tolist()
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
     never = torch.tensor(sorted({model.pad_id, bos_id} - {eos_id}), device=device)
+    never_or_eos = torch.tensor(sorted({model.pad_id, bos_id, eos_id}), device=device)  # before min_len
+    beam_starts = torch.arange(0, bsz * k, k, device=device)[:, None]  # [b, 1]: sentence i's first row
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
@@ -124,17 +126,16 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         else:
             logits = model.decode(tokens, memory, src_pad, arch)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(n_act, k, vocab)
-        lprobs[..., never] = float("-inf")  # PAD and BOS are never emitted
+        # PAD and BOS are never emitted; nor EOS before min_len (where the limit does not force it, below)
+        lprobs.index_fill_(2, never_or_eos if step + 1 < min_len else never, float("-inf"))
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
-        if step + 1 < min_len:  # no EOS yet (where the limit does not force it)
-            lprobs[..., eos_id] = float("-inf")
         if any(at_limit_list):
             at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]
             forced = torch.full_like(lprobs[at_limit], float("-inf"))
             forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
             lprobs[at_limit] = forced
-        cand = (scores[:, :, None] + lprobs).view(n_act, k * vocab)
+        cand = lprobs.add_(scores[:, :, None]).view(n_act, k * vocab)  # in place: no [n, V] allocation a step
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n_act, 2k]
         top_beam, top_tok = top_idx // vocab, top_idx % vocab
         is_eos = top_tok.eq(eos_id) & torch.isfinite(top_scores)
@@ -153,8 +154,13 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
         keep_list = [i for i, s in enumerate(active_ids) if len(finished[s]) < k and not at_limit_list[i]]
         if not keep_list:
             break
+        if len(keep_list) == n_act and k == 1:  # greedy, every row kept: the rows stay in place (no reorder)
+            tokens = torch.cat([tokens, next_tok], 1)
+            scores = cont_scores
+            step += 1
+            continue
         if len(keep_list) == n_act:
-            src_rows = (next_beam + torch.arange(0, n_act * k, k, device=device)[:, None]).reshape(-1)  # [n_act*k]
+            src_rows = (next_beam + beam_starts[:n_act]).reshape(-1)  # [n_act*k]
             tokens = torch.cat([tokens.index_select(0, src_rows), next_tok.reshape(-1, 1)], 1)
             scores = cont_scores
             sent_rows = None
