@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ray_count import RayCounter
+
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO.parent / "shared" / "data" / "multi30k"
 MISSING_DATA = r"multi30k|\b(data|file|files|corpus)\b.*\b(not found|not present|missing|does not exist)\b|no such file"
@@ -50,6 +52,41 @@ def pytest_make_collect_report(
     report = yield  # a module that skips itself (pytest.skip(allow_module_level=True), importorskip)
     _fail_skips_ci_must_not_have(report)
     return report
+
+
+_RAY_COUNTER = pytest.StashKey[RayCounter]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[_RAY_COUNTER] = RayCounter()  # sets RAY_TMPDIR before any test starts Ray
+
+
+_UNMARKED_SWEEPS = pytest.StashKey[list[str]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Note the tests not marked ``slow`` in which a Ray cluster ran Ray Tune (printed at the end: the inner loop
+    ``pytest -m "not slow"`` should start no sweep)."""
+    counter = item.config.stash.get(_RAY_COUNTER, None)
+    before = counter.sessions_with_tune() if counter else set()
+    try:
+        return (yield)
+    finally:
+        if counter and item.get_closest_marker("slow") is None and counter.sessions_with_tune() - before:
+            item.config.stash.setdefault(_UNMARKED_SWEEPS, []).append(item.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _RAY_COUNTER in config.stash:
+        terminalreporter.write_sep("=", config.stash[_RAY_COUNTER].counts().line())
+        for nodeid in config.stash.get(_UNMARKED_SWEEPS, []):
+            terminalreporter.write_line(f"Ray Tune ran in a test not marked slow: {nodeid}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _RAY_COUNTER in config.stash:
+        config.stash[_RAY_COUNTER].close()
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +138,57 @@ def tiny_spec_dict(data_dir: Path, work: Path, **overrides) -> dict:
         else:
             spec[section] = value
     return spec
+
+
+EXP = "nas-test"
+"""The MLflow experiment of the tests that write runs by hand (:func:`mlflow_uri`)."""
+
+
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An initialised (migrated) MLflow SQLite DB, copied per test to skip ~1 s of migrations."""
+    from nas import tracking
+
+    root = tmp_path_factory.mktemp("mlflow-template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        tracking.get_client().search_experiments()
+    return root / "mlflow.db"
+
+
+@pytest.fixture
+def mlflow_uri(tmp_path, monkeypatch, empty_mlflow_db) -> str:
+    """A fresh MLflow store ``sqlite:///<tmp_path>/mlflow.db`` (a copy of :func:`empty_mlflow_db`) set as
+    ``MLFLOW_TRACKING_URI``, with the current folder at ``tmp_path`` (so ``./mlruns`` lands there)."""
+    import shutil
+
+    shutil.copyfile(empty_mlflow_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # default artifact root (./mlruns) lands in tmp_path
+    return uri
+
+
+@pytest.fixture
+def planted_ids(monkeypatch):
+    """Make the SQLite store give the next runs ids that start with chosen prefixes (the rest random):
+    ``planted_ids("beef1", "beef2")`` then two ``start_run`` calls. The runs are real; only their ids are chosen."""
+    from mlflow.store.tracking import sqlalchemy_store
+
+    queue: list[str] = []
+
+    class ChosenUuid:
+        def __getattr__(self, name):
+            return getattr(uuid, name)
+
+        @staticmethod
+        def uuid4() -> uuid.UUID:
+            fresh = uuid.uuid4()
+            return uuid.UUID(hex=(queue.pop(0) + fresh.hex)[:32]) if queue else fresh
+
+    monkeypatch.setattr(sqlalchemy_store, "uuid", ChosenUuid())
+    return lambda *prefixes: queue.extend(prefixes)
 
 
 POSTGRES_ADMIN_URL = os.environ.get("NAS_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -157,7 +245,30 @@ def postgres_url(postgres_databases) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_supernet(multi30k, tmp_path_factory) -> tuple[Path, Path]:
+def tiny_data(multi30k, tmp_path_factory):
+    """The data of :func:`tiny_spec_dict` (300 pairs, vocabulary 400), prepared once per session: the one
+    SentencePiece training of the tests that train or score the tiny supernet. Read-only; a test shares it by
+    pointing ``data.cache_dir`` at its cache folder (:func:`use_tiny_data`), where ``prepare_sweep_data`` finds
+    the entry. Returns a :class:`nas.data.PreparedData` (``.root.parent`` is the cache folder)."""
+    from nas.builders import prepare_sweep_data
+    from nas.space import parse_spec
+
+    work = tmp_path_factory.mktemp("tiny_data")
+    return prepare_sweep_data(parse_spec(tiny_spec_dict(data_dir=multi30k, work=work), "tiny_data"), progress=False)
+
+
+def use_tiny_data(raw: dict, tiny_data) -> dict:
+    """``raw`` (a :func:`tiny_spec_dict`, changed in place and returned) with ``data.cache_dir`` at the session's
+    :func:`tiny_data` cache; its data section must be the tiny one, or a new entry would be written there."""
+    assert {k: v for k, v in raw["data"].items() if k != "cache_dir"} == \
+        {k: v for k, v in tiny_spec_dict(Path(raw["data"]["train"]["src"]).parent, Path("."))["data"].items()
+         if k != "cache_dir"}, "use_tiny_data: the data section differs from tiny_spec_dict's"
+    raw["data"]["cache_dir"] = str(tiny_data.root.parent)
+    return raw
+
+
+@pytest.fixture(scope="session")
+def tiny_supernet(multi30k, tiny_data, tmp_path_factory) -> tuple[Path, Path]:
     """A supernet of :func:`tiny_spec_dict` trained once per session, without Ray: (supernet folder, data
     cache folder). Copy the folder to ``<workdir>/tiny/supernet`` and point ``data.cache_dir`` at the cache
     folder, and a sweep reuses both instead of training."""
@@ -166,10 +277,10 @@ def tiny_supernet(multi30k, tmp_path_factory) -> tuple[Path, Path]:
     from trainers import train_supernet
 
     work = tmp_path_factory.mktemp("tiny_supernet")
-    spec = parse_spec(tiny_spec_dict(data_dir=multi30k, work=work), "tiny_supernet")
+    spec = parse_spec(use_tiny_data(tiny_spec_dict(data_dir=multi30k, work=work), tiny_data), "tiny_supernet")
     data = prepare_sweep_data(spec, progress=False)
     train_supernet(spec, data, work / "supernet", report=lambda metrics: None, progress=False)
-    return work / "supernet", work / "data"
+    return work / "supernet", tiny_data.root.parent
 
 
 def sweep_with_supernet(raw: dict, work: Path, tiny_supernet: tuple[Path, Path]) -> Path:

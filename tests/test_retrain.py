@@ -21,8 +21,6 @@ from nas import tracking
 from nas.cli import app
 from nas.space.arch import Arch, StackArch
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.tracking.test_run_prefix import planted_ids  # noqa: F401 (fixture)
-from tests.tracking.test_tracking import empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,19 +13,19 @@ from nas.eval.scores import corpus_scores, translate, valid_loss
 from nas.eval.validation import ValidationSet, validation_scores
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny(multi30k, tmp_path_factory):
+def tiny(multi30k, tiny_data, tmp_path_factory):
     """(model, space, data): a seeded, untrained tiny supernet and the tiny sweep's prepared corpus (12
     validation pairs)."""
     from nas.builders import build_supernet, prepare_sweep_data
 
     work = tmp_path_factory.mktemp("validation")
-    raw = tiny_spec_dict(multi30k, work)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, work), tiny_data)
     spec = parse_spec(raw, "tiny")
     data = prepare_sweep_data(spec, progress=False)
     torch.manual_seed(0)

@@ -6,8 +6,6 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from nas.cli import app
-from tests.export.test_export import constrained_trials, tokenizer  # noqa: F401 (fixtures)
-from tests.tracking.test_tracking import empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
 
 
 def test_an_infeasible_run_id_exports_with_a_warning_naming_the_constraint(constrained_trials, tmp_path):

@@ -14,13 +14,12 @@ from nas.export import load_export
 from nas.model.io import load_model
 from nas.model.supernet import extract
 from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.infra.test_mlflow_outage import restartable_mlflow_server  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.slow
 
 
 def test_export_reads_the_supernet_through_the_mlflow_server_when_the_sweep_folders_are_elsewhere(
-        multi30k, tmp_path, tiny_supernet, restartable_mlflow_server):  # noqa: F811
+        multi30k, tmp_path, tiny_supernet, restartable_mlflow_server):
     server = restartable_mlflow_server
     cluster = tmp_path / "cluster"
     cluster.mkdir()

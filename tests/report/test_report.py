@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from nas import tracking
 from nas.cli import app
 from nas.report import ImportanceError, build_report, locate_study, param_importances
-from tests.tracking.test_tracking import EXP, empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
+from tests.conftest import EXP
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 DISTRIBUTIONS = {"width": optuna.distributions.CategoricalDistribution([16, 32]),

@@ -13,7 +13,7 @@ from nas.model.io import load_model
 from nas.search.ddp import OutOfSyncError, check_in_sync, train_supernet_ddp
 from nas.builders import prepare_sweep_data
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from trainers import train_supernet
 
 
@@ -25,8 +25,8 @@ def test_workers_with_different_parameters_are_refused():
 
 
 @pytest.mark.slow
-def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tmp_path, monkeypatch):
-    raw = tiny_spec_dict(multi30k, tmp_path)
+def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tiny_data, tmp_path, monkeypatch):
+    raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path), tiny_data)
     raw["supernet"] |= {"dropout": 0.0, "attention_dropout": 0.0}  # no randomness inside a forward
     raw["train"] |= {"steps": 5, "max_tokens": 256, "precision": "fp32", "log_every": 1, "checkpoint_every": 5,
                      "keep_last": 0, "drop_branch": 0.0, "sandwich_k": 1, "stage_eval": False}

@@ -64,7 +64,8 @@ def test_out_of_memory_fails_the_trial_and_names_the_arch(multi30k, tmp_path, ti
 
 
 def test_sweep_whose_every_trial_failed_exits_1_with_the_errors(multi30k, tmp_path, tiny_supernet):
-    proc, records, log = _sweep(multi30k, tmp_path, tiny_supernet, "raise", trials=2)
+    """Also the control for the retry test: ``raise:first`` does fail every trial when max_failures is 0."""
+    proc, records, log = _sweep(multi30k, tmp_path, tiny_supernet, "raise:first", trials=2)
     assert proc.returncode == 1, log
     summary = proc.stderr[proc.stderr.find("error: all 2 search trials"):]  # the CLI's one message, at the end
     assert summary and 'cli.py", line' not in proc.stderr, log  # ended by the CLI, not by a driver traceback
@@ -87,9 +88,3 @@ def test_max_failures_retries_a_trial_until_it_succeeds(multi30k, tmp_path, tiny
     assert all(r.info.status == "FINISHED" and r.data.tags["nas.retries"] == "1" for r in runs)
     assert all("injected failure" in r.data.tags["nas.last_error"] for r in runs)
 
-
-def test_without_retries_the_same_fault_fails_the_trial(multi30k, tmp_path, tiny_supernet):
-    """The control for the retry test: ``raise:first`` does fail a trial when max_failures is 0."""
-    proc, records, log = _sweep(multi30k, tmp_path, tiny_supernet, "raise:first", trials=1)
-    assert proc.returncode == 1, log
-    assert [t.state for t in records.optuna] == [TrialState.FAIL]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import nas_env, read_sweep, run_nas, tiny_spec_dict
+from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
 TRIALS = 4
 
@@ -49,14 +49,13 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.slow
-def test_sweep_killed_after_a_trial_resumes_without_duplicates_or_redone_trials(multi30k, tmp_path):
+def test_sweep_killed_after_a_trial_resumes_without_duplicates_or_redone_trials(multi30k, tmp_path, tiny_supernet):
     raw = tiny_spec_dict(multi30k, tmp_path, **{
         "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
         "tracking": {"experiment": "resume"},
     })
-    spec_file = tmp_path / "tiny.yaml"
-    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
+    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the session's supernet: trials start at once
     env = nas_env(tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
     log = tmp_path / "killed.log"

@@ -14,7 +14,7 @@ from nas import tracking
 from nas.cli import app
 from nas.tracking.plots import PARETO_PLOT, log_pareto_plot, pareto_png
 from nas.tracking import DEFAULT_OBJECTIVES, Objective, pareto_mask
-from tests.tracking.test_tracking import EXP, empty_mlflow_db, mlflow_uri, populated  # noqa: F401 (fixtures)
+from tests.conftest import EXP
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -260,7 +260,7 @@ def constrained(mlflow_uri):
     """Sweep C under ``latency_ms<=30`` (recorded on its parent run as `nas sweep` does): the two best trials by
     BLEU break it (50 ms; no latency at all), three meet it (one exactly at the bound); sweep U has no
     constraints."""
-    from tests.tracking.test_tracking import _trial
+    from tests.tracking.conftest import _trial
 
     c = tracking.start_run(EXP, "sweep-c", role="sweep", tags={"nas.sweep_id": "C"},
                            params={tracking.PARAM_CONSTRAINTS: "latency_ms<=30"})

@@ -7,7 +7,6 @@ from typer.testing import CliRunner
 
 from nas import tracking
 from nas.cli import app
-from tests.tracking.test_tracking import empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
 
 
 def _sweep(mlflow_uri) -> None:

@@ -3,35 +3,13 @@
 from __future__ import annotations
 
 import os
-import uuid
 
 import pytest
 
 import nas.tracking.runs as runs_module
 from nas import tracking
 from nas.errors import NasError, NotFoundError
-from tests.tracking.test_tracking import EXP, empty_mlflow_db, mlflow_uri  # noqa: F401 (fixtures)
-
-
-@pytest.fixture
-def planted_ids(monkeypatch):
-    """Make the SQLite store give the next runs ids that start with chosen prefixes (the rest random):
-    ``planted_ids("beef1", "beef2")`` then two ``start_run`` calls. The runs are real; only their ids are chosen."""
-    from mlflow.store.tracking import sqlalchemy_store
-
-    queue: list[str] = []
-
-    class ChosenUuid:
-        def __getattr__(self, name):
-            return getattr(uuid, name)
-
-        @staticmethod
-        def uuid4() -> uuid.UUID:
-            fresh = uuid.uuid4()
-            return uuid.UUID(hex=(queue.pop(0) + fresh.hex)[:32]) if queue else fresh
-
-    monkeypatch.setattr(sqlalchemy_store, "uuid", ChosenUuid())
-    return lambda *prefixes: queue.extend(prefixes)
+from tests.conftest import EXP
 
 
 @pytest.fixture

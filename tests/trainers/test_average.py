@@ -14,7 +14,7 @@ from nas.model.supernet import SuperTransformer
 from nas.builders import prepare_sweep_data
 from nas.space.space import SearchSpace
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from trainers import average_checkpoints, average_snapshots, latest_snapshots, train_supernet
 
 runner = CliRunner()
@@ -26,9 +26,9 @@ def squash(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def prepared(multi30k, tmp_path_factory):
+def prepared(multi30k, tiny_data, tmp_path_factory):
     work = tmp_path_factory.mktemp("average")
-    raw = tiny_spec_dict(multi30k, work)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, work), tiny_data)
     return raw, prepare_sweep_data(parse_spec(raw), progress=False)
 
 

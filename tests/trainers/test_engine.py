@@ -22,7 +22,7 @@ from nas.data import TokenBatcher
 from nas.precision import DeviceSettings, device_settings
 from nas.space import parse_spec
 from nas.space.space import SearchSpace
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from trainers import train_standalone, train_supernet
 from trainers.engine import LoopHooks, optimizer_step, run_loop
 from trainers.optim import batch_groups, make_optimizer, make_scheduler
@@ -431,9 +431,9 @@ def test_the_loop_updates_with_the_scheduled_rate_of_each_step():
 # ---- through the trainers (Multi30k slice) ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def prepared(multi30k, tmp_path_factory):
+def prepared(multi30k, tiny_data, tmp_path_factory):
     work = tmp_path_factory.mktemp("engine")
-    raw = tiny_spec_dict(multi30k, work)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, work), tiny_data)
     raw["train"] = {**raw["train"], "max_tokens": 128, "precision": "fp32", "log_every": 1, "keep_last": 0,
                     "stage_eval": False, "accumulate": 2, "checkpoint_every": 3}
     return raw, prepare_sweep_data(parse_spec(raw), progress=False)

@@ -15,7 +15,7 @@ from mlflow import MlflowClient
 from nas.model.io import load_model
 from nas.builders import prepare_sweep_data
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from trainers import train_supernet
 
 STAGES = [{"name": "joint", "steps": 4}, {"name": "word_distill", "steps": 3},
@@ -28,8 +28,8 @@ def _train_cmd(yaml_path, out):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill_after", ["step 3/", "step 9/"], ids=["in_stage1", "in_stage3"])
-def test_sigkill_then_rerun_equals_an_uninterrupted_run(multi30k, tmp_path, kill_after):
-    raw = tiny_spec_dict(multi30k, tmp_path)
+def test_sigkill_then_rerun_equals_an_uninterrupted_run(multi30k, tiny_data, tmp_path, kill_after):
+    raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path), tiny_data)
     raw["train"] = {k: v for k, v in raw["train"].items() if k != "steps"} | \
         {"stages": STAGES, "max_tokens": 128, "precision": "fp32", "log_every": 1, "checkpoint_every": 2,
          "keep_last": 0, "stage_eval": False}

@@ -7,18 +7,18 @@ import re
 
 import pytest
 
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 
 
 @pytest.mark.parametrize("every_s, lines", [(0.0, 8), (1e9, 1)])
-def test_step_lines_come_every_progress_interval_too(every_s, lines, multi30k, tmp_path, capsys, monkeypatch):
+def test_step_lines_come_every_progress_interval_too(every_s, lines, multi30k, tiny_data, tmp_path, capsys, monkeypatch):
     import trainers.loop
     from nas.builders import prepare_sweep_data
     from nas.space import parse_spec
     from trainers import train_supernet
 
     monkeypatch.setattr(trainers.loop, "PROGRESS_EVERY_S", every_s)
-    raw = tiny_spec_dict(multi30k, tmp_path)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path), tiny_data)
     raw["train"].update(log_every=100, stage_eval=False)  # by steps: only the last step (8 of 8) logs
     spec = parse_spec(raw, "progress")
     data = prepare_sweep_data(spec, progress=False)

@@ -15,7 +15,7 @@ import torch
 from nas.model.supernet import count_params, extract
 from nas.space import SpecError, parse_spec
 from nas.space.space import SearchSpace
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from tests.trainers.test_stages import SEED, Built, Forwards, _batch, _raw, _reference, two_layouts
 from trainers.stages import SandwichArchs
 from trainers.stage_plan import stage_at
@@ -206,13 +206,13 @@ def test_balanced_sampling_reaches_values_behind_a_condition():
     assert worst[True] < 3.0 and worst[True] < worst[False], worst  # every value trained (a never-drawn one: inf)
 
 
-def test_training_writes_the_sample_counts_and_resumes_them(multi30k, tmp_path):
+def test_training_writes_the_sample_counts_and_resumes_them(multi30k, tiny_data, tmp_path):
     """The counts are part of the checkpoint (a resumed run draws what an uninterrupted one draws) and are written
     as ``sample_counts.json`` beside the supernet (logged with its files to MLflow)."""
     from nas.builders import prepare_sweep_data
     from trainers import train_supernet
 
-    raw = tiny_spec_dict(multi30k, tmp_path)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path), tiny_data)
     raw["train"] = {**raw["train"], "balanced_sampling": True, "inplace_distill": True,
                     "dropout_range": [0.0, 0.3]}
     data = prepare_sweep_data(parse_spec(raw), progress=False)

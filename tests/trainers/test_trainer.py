@@ -10,14 +10,14 @@ from nas.data import PreparedData
 from nas.model.io import load_model
 from nas.builders import prepare_sweep_data
 from nas.space import parse_spec
-from tests.conftest import tiny_spec_dict
+from tests.conftest import tiny_spec_dict, use_tiny_data
 from trainers import inverse_sqrt_lr, train_supernet
 
 
 @pytest.fixture(scope="module")
-def prepared(multi30k, tmp_path_factory) -> tuple[dict, PreparedData]:
+def prepared(multi30k, tiny_data, tmp_path_factory) -> tuple[dict, PreparedData]:
     work = tmp_path_factory.mktemp("trainer")
-    raw = tiny_spec_dict(multi30k, work)
+    raw = use_tiny_data(tiny_spec_dict(multi30k, work), tiny_data)
     return raw, prepare_sweep_data(parse_spec(raw), progress=False)
 
 
