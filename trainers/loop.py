@@ -59,7 +59,7 @@ from trainers.regularization_schedule import check_width_dropout
 from trainers.stage_plan import STAGE_NUMBERS, StagePosition, StageSpec, stage_at
 from trainers.distill_targets import DISTILL_DIR, load_distill_targets, write_distill_targets
 from trainers.stages import SandwichArchs, Stage, StageContext, build_stage
-from trainers.window import LossWindow
+from trainers.window import LossWindow, timing_text
 
 __all__ = ["train_supernet", "SupernetRecipe", "TrainState", "TrainResult", "supernet_fingerprint",
            "check_fingerprint"]
@@ -404,7 +404,8 @@ class SupernetRecipe:
                              f"{metrics['tokens_per_s']:.0f} tok/s | lr {metrics['lr']:.2e}")
         if self.main and not self.show:
             print(f"step {step}/{cfg.steps} {at.stage.name} loss {metrics['train_loss']:.3f} "
-                  f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e}", file=sys.stderr, flush=True)
+                  f"tok/s {metrics['tokens_per_s']:.0f} lr {metrics['lr']:.2e} "  # ETA: the resumed runs' rate too
+                  f"{timing_text(self.state.elapsed_s, step, cfg.steps)}", file=sys.stderr, flush=True)
         if self.world > 1:  # checked equal across ranks by nas.search.ddp.ReportSink
             metrics.update(param_sums(self.model))
         self.report({**metrics, "step": step})

@@ -8,7 +8,7 @@ import torch
 
 from trainers.stages.base import StepOutput
 
-__all__ = ["LossWindow"]
+__all__ = ["LossWindow", "format_duration", "timing_text"]
 
 _KEYS = ("widest", "nll", "narrowest", "sampled", "distill")
 
@@ -57,3 +57,23 @@ class LossWindow:
             metrics["loss_distill"] = s["distill"] / (n * distilled)
         self.reset()
         return metrics
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` as a log shows it: ``45s``, ``7m12s``, ``1h03m`` (negative counts as 0)."""
+    s = max(int(round(seconds)), 0)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def timing_text(elapsed_s: float, done: int, total: int) -> str:
+    """The time part of a step line, as fairseq's and Hugging Face's trainers print it: ``7m12s, ETA 26m`` after
+    ``done`` of ``total`` steps in ``elapsed_s`` seconds, the remaining ``total - done`` steps at the mean rate so
+    far (minutes from 1 minute on, else seconds; ``ETA 0s`` at the end). ``done`` 0: no estimate (``ETA ?``)."""
+    if done <= 0:
+        return f"{format_duration(elapsed_s)}, ETA ?"
+    eta = elapsed_s / done * max(total - done, 0)
+    return f"{format_duration(elapsed_s)}, ETA {f'{round(eta / 60)}m' if eta >= 60 else format_duration(eta)}"
