@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from nas import tracking
 from tests.conftest import EXP
+
+QUICKSTART = "quickstart"
+"""The experiment of :func:`quickstart_store_db`."""
 
 
 def _trial(parent, name, *, status="FINISHED", role="trial", **metrics):
@@ -39,3 +44,34 @@ def populated(mlflow_uri):
     for sweep in (a, b):
         tracking.end_run(sweep)
     return ids
+
+
+@pytest.fixture(scope="session")
+def quickstart_store_db(tmp_path_factory):
+    """A SQLite MLflow store (built once per session) holding a quickstart-like sweep under ``latency_ratio<=1.25``
+    whose trials take 69-108 ms: ``a`` (1.10x) and ``b`` (1.20x) meet the budget, ``c`` (1.70x) does not."""
+    root = tmp_path_factory.mktemp("quickstart-store")
+    ids = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.chdir(root)
+        sweep = tracking.start_run(QUICKSTART, "sweep", role="sweep", tags={"nas.sweep_id": "S"},
+                                   params={tracking.PARAM_CONSTRAINTS: "latency_ratio<=1.25"})
+        for name, bleu, ms, ratio in (("a", 20.0, 69.0, 1.10), ("b", 22.0, 75.0, 1.20), ("c", 24.0, 108.0, 1.70)):
+            ids[name] = tracking.start_run(QUICKSTART, name, role="trial", parent_run_id=sweep,
+                                           tags={"nas.arch_summary": f"arch-{name}", "nas.sweep_id": "S"})
+            tracking.log_metrics(ids[name], {"bleu": bleu, "latency_ms": ms, "latency_ratio": ratio,
+                                             "latency_reference_ms": ms / ratio})
+            tracking.end_run(ids[name], "FINISHED")
+        tracking.end_run(sweep)
+    return root / "mlflow.db", ids
+
+
+@pytest.fixture
+def quickstart_store(quickstart_store_db, tmp_path, monkeypatch):
+    """A copy of :func:`quickstart_store_db` in ``tmp_path`` (the tracking store and the current folder); returns the trial
+    run ids by name."""
+    shutil.copyfile(quickstart_store_db[0], tmp_path / "mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    monkeypatch.chdir(tmp_path)
+    return quickstart_store_db[1]

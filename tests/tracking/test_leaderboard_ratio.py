@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 from typer.testing import CliRunner
 
@@ -12,37 +10,6 @@ from nas.cli import app
 from nas.tracking import LeaderboardRow
 
 EXP = "quickstart"
-
-
-@pytest.fixture(scope="module")
-def store_db(tmp_path_factory):
-    """A SQLite MLflow store (built once per module) holding a quickstart-like sweep under ``latency_ratio<=1.25``
-    whose trials take 69-108 ms: ``a`` (1.10x) and ``b`` (1.20x) meet the budget, ``c`` (1.70x) does not."""
-    root = tmp_path_factory.mktemp("quickstart-store")
-    ids = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-        mp.chdir(root)
-        sweep = tracking.start_run(EXP, "sweep", role="sweep", tags={"nas.sweep_id": "S"},
-                                   params={tracking.PARAM_CONSTRAINTS: "latency_ratio<=1.25"})
-        for name, bleu, ms, ratio in (("a", 20.0, 69.0, 1.10), ("b", 22.0, 75.0, 1.20), ("c", 24.0, 108.0, 1.70)):
-            ids[name] = tracking.start_run(EXP, name, role="trial", parent_run_id=sweep,
-                                           tags={"nas.arch_summary": f"arch-{name}", "nas.sweep_id": "S"})
-            tracking.log_metrics(ids[name], {"bleu": bleu, "latency_ms": ms, "latency_ratio": ratio,
-                                             "latency_reference_ms": ms / ratio})
-            tracking.end_run(ids[name], "FINISHED")
-        tracking.end_run(sweep)
-    return root / "mlflow.db", ids
-
-
-@pytest.fixture
-def store(store_db, tmp_path, monkeypatch):
-    """A copy of :func:`store_db` in ``tmp_path`` (the tracking store and the current folder); returns the trial
-    run ids by name."""
-    shutil.copyfile(store_db[0], tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.chdir(tmp_path)
-    return store_db[1]
 
 
 def _table(stdout: str) -> tuple[list[str], list[list[str]]]:
@@ -62,7 +29,7 @@ def test_table_shows_the_ratio_with_the_milliseconds_beside_it():
     assert list(table.columns[6].cells) == ["1.12", "-"] and list(table.columns[7].cells) == ["72.40", "-"]
 
 
-def test_cli_leaderboard_filters_and_shows_the_quickstart_s_budget(store):
+def test_cli_leaderboard_filters_and_shows_the_quickstart_s_budget(quickstart_store):
     runner = CliRunner(env={"COLUMNS": "200"})
     # the README's old filter: the quickstart's trials take 69-108 ms, so no row and a line saying why
     result = runner.invoke(app, ["leaderboard", "--where", "latency_ms<=20"])
@@ -81,7 +48,7 @@ def test_cli_leaderboard_filters_and_shows_the_quickstart_s_budget(store):
     # ranked by the ratio: lowest first, the trial over the budget left out
     result = runner.invoke(app, ["leaderboard", "--metric", "latency_ratio"])
     assert result.exit_code == 0, result.output
-    assert [r[1] for r in _table(result.stdout)[1]] == [store["a"][:8], store["b"][:8]]
+    assert [r[1] for r in _table(result.stdout)[1]] == [quickstart_store["a"][:8], quickstart_store["b"][:8]]
 
 
 def test_pareto_without_objectives_takes_the_newest_sweep_s(tmp_path, monkeypatch):

@@ -3,8 +3,6 @@ axis with the milliseconds beside it. Figures are read back from matplotlib, the
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from nas import tracking
@@ -16,42 +14,11 @@ RATIO = (Objective("bleu", True), Objective("latency_ratio", False))
 """The quickstart's objectives (search.metrics of search_spaces/quickstart.yaml)."""
 
 
-@pytest.fixture(scope="module")
-def store_db(tmp_path_factory):
-    """A SQLite MLflow store (built once per module) holding a quickstart-like sweep under ``latency_ratio<=1.25``:
-    three finished trials of 69-108 ms (ratios 1.10, 1.20, 1.70)."""
-    root = tmp_path_factory.mktemp("quickstart-store")
-    ids = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-        mp.chdir(root)
-        sweep = tracking.start_run(EXP, "sweep", role="sweep", tags={"nas.sweep_id": "S"},
-                                   params={tracking.PARAM_CONSTRAINTS: "latency_ratio<=1.25"})
-        for name, bleu, ms, ratio in (("a", 20.0, 69.0, 1.10), ("b", 22.0, 75.0, 1.20), ("c", 24.0, 108.0, 1.70)):
-            ids[name] = tracking.start_run(EXP, name, role="trial", parent_run_id=sweep,
-                                           tags={"nas.arch_summary": f"arch-{name}", "nas.sweep_id": "S"})
-            tracking.log_metrics(ids[name], {"bleu": bleu, "latency_ms": ms, "latency_ratio": ratio,
-                                             "latency_reference_ms": ms / ratio})
-            tracking.end_run(ids[name], "FINISHED")
-        tracking.end_run(sweep)
-    return root / "mlflow.db", ids
-
-
-@pytest.fixture
-def store(store_db, tmp_path, monkeypatch):
-    """A copy of :func:`store_db` in ``tmp_path`` (the tracking store and the current folder); returns the trial
-    run ids by name."""
-    shutil.copyfile(store_db[0], tmp_path / "mlflow.db")
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.chdir(tmp_path)
-    return store_db[1]
-
-
 def _texts(fig) -> list[str]:
     return [t.get_text() for t in fig.axes[0].texts]
 
 
-def test_empty_plot_names_the_filter_that_removed_every_trial(store, tmp_path):
+def test_empty_plot_names_the_filter_that_removed_every_trial(quickstart_store, tmp_path):
     scan = tracking.pareto_scan(EXP, RATIO, where=["latency_ms<=20"], keep_points=True)
     assert scan.scanned == 0 and scan.before_where == 3
     note = empty_plot_note(scan)
@@ -78,7 +45,7 @@ def test_empty_plot_says_why_when_nothing_is_on_the_front():
     assert _texts(pareto_figure([(20.0, 1.1)], [True], RATIO)) == []  # a front: no note
 
 
-def test_ratio_axis_keeps_the_milliseconds_beside_it(store):
+def test_ratio_axis_keeps_the_milliseconds_beside_it(quickstart_store):
     scan = tracking.pareto_scan(EXP, RATIO, sweep_id="S", keep_points=True)
     assert sorted(scan.latency_ms) == [69.0, 75.0, 108.0]
     fig = pareto_figure(scan.points, scan.front_flags(), scan.objectives, feasible=scan.feasible,
