@@ -23,10 +23,10 @@ def write_predictor(path, model_dim: int, beam_size: int) -> None:
     n = len(FEATURE_NAMES)
     path.with_suffix(".json").write_text(json.dumps({
         "format": PREDICTOR_FORMAT, "feature_names": list(FEATURE_NAMES), "feature_mean": [0.0] * n,
-        "feature_std": [1.0] * n, "target": "log_latency_ms", "target_mean": 0.0, "target_std": 1.0,
+        "feature_std": [1.0] * n, "target": "log_latency_ratio", "target_mean": 0.0, "target_std": 1.0,
         "model_dim": model_dim, "hidden": 8, "hidden_layers": 1, "batch_size": 1, "beam_size": beam_size,
         "workload": {"src_tokens": 30, "tgt_tokens": 30, "beam": beam_size, "batch": 1},
-        "device": "cpu", "metrics": {}}), encoding="utf-8")
+        "reference_ms": 20.0, "device": "cpu", "metrics": {}}), encoding="utf-8")
 
 
 def heavy_modules_after(code: str) -> list[str]:
