@@ -149,11 +149,14 @@ def retrain(file: Path = typer.Argument(..., help="Sweep YAML; its retrain secti
                              metric=metric, where=where or ())
     except NasError as e:
         fail(str(e))
-    m = result.metrics
-    out.print(f"retrained {escape(result.arch.summary())} ({result.recipe['init']}, seed {result.recipe['seed']}, "
-              f"{result.recipe['steps']} steps): BLEU {m['bleu']:.2f}, chrF {m['chrf']:.2f}, latency "
-              f"{m['latency_ms']:.1f} ms ({m['latency_ratio']:.2f}x the reference), {m['params_m']:.2f} M params",
-              highlight=False, soft_wrap=True)
+    m, r = result.metrics, result.recipe
+    from nas.eval.scores import PAPER_BLEU_LABEL
+
+    out.print(f"retrained {escape(result.arch.summary())} ({r['init']}, seed {r['seed']}, {r['steps']} steps; "
+              f"beam {r['beam_size']}, length penalty {r['length_penalty']:g}): sacreBLEU {m['bleu']:.2f}, "
+              f"{PAPER_BLEU_LABEL} {m['bleu_paper']:.2f}, chrF {m['chrf']:.2f}, latency {m['latency_ms']:.1f} ms "
+              f"({m['latency_ratio']:.2f}x the reference), {m['params_m']:.2f} M params", highlight=False,
+              soft_wrap=True)
     out.print(f"weights in {escape(str(result.out_dir))}; MLflow run {result.run_id}; export with "
               f"nas export --run-id {result.run_id[:8]} --out DIR", highlight=False, soft_wrap=True)
 

@@ -14,7 +14,9 @@ recipe and code); :class:`nas.space.recipe.RetrainSpec` is the recipe.
   uninterrupted one; a finished one is returned as it is.
 - **Tracked.** One MLflow run with tag ``nas.role=retrain``: a child of the sweep's parent run with
   ``nas.source_run_id`` naming the trial, or a run of its own for an ``--arch``. It holds the recipe as params,
-  the validation ``bleu``, ``chrf`` and ``valid_loss``, the fixed-length ``latency_ms`` (and ``latency_ratio`` to
+  the validation ``bleu``, ``chrf`` and ``valid_loss`` (beam ``retrain.beam_size``, length penalty
+  ``retrain.length_penalty``), ``bleu_paper`` (the same translations scored as the fairseq papers do: lowercased,
+  Moses-tokenized; :func:`nas.eval.scores.paper_bleu`), the fixed-length ``latency_ms`` (and ``latency_ratio`` to
   the sweep's reference arch, timed the same way), ``params_m``, ``train_loss``, ``train_seconds``, and the
   weights as artifacts (``model/``), which ``nas export --run-id`` exports.
 
@@ -43,7 +45,7 @@ from nas.locks import lock_folder, run_lock
 from nas.space import SweepSpec
 from nas.space.arch import Arch
 
-__all__ = ["RetrainResult", "retrain", "parse_arch", "MARKER"]
+__all__ = ["RetrainResult", "retrain", "parse_arch", "target_language", "MARKER"]
 
 MARKER = "retrain.json"
 """The file that makes a folder a retrain folder: its arch, recipe and source."""
@@ -60,7 +62,10 @@ class RetrainResult:
     run_id: str
     """The MLflow run (``nas.role=retrain``)."""
     metrics: dict[str, float]
-    """``bleu``, ``chrf`` (sacrebleu, 0-100, beam ``search.beam_size``, the whole validation set), ``valid_loss``
+    """``bleu``, ``chrf`` (sacrebleu on detokenized text, 0-100, the whole validation set; beam
+    ``retrain.beam_size``, length penalty ``retrain.length_penalty``), ``bleu_paper`` (BLEU of the same translations
+    lowercased and Moses-tokenized, as Wu et al. report it: :func:`nas.eval.scores.paper_bleu`; the target language
+    from the file name of ``data.valid.tgt``, :func:`target_language`), ``valid_loss``
     (nats per target token), ``latency_ms`` (fixed-length workload, ``search.latency_workload``),
     ``latency_reference_ms`` and ``latency_ratio``, ``params_m`` (millions), ``train_loss``, ``train_seconds``."""
     source_run_id: str | None
@@ -92,6 +97,15 @@ def parse_arch(text: str) -> Arch:
         return Arch.parse(text)
     except (ValueError, TypeError) as e:  # ArchError and JSONDecodeError are ValueErrors
         raise NasError(f"--arch {text!r}: {e}") from None
+
+
+def target_language(spec: SweepSpec) -> str:
+    """The target language's code that ``bleu_paper`` Moses-tokenizes with: from the file name of
+    ``data.valid.tgt`` (``val.de.gz`` -> ``de``; :func:`nas.eval.scores.file_language`), ``en`` (Moses' default)
+    when the name carries none. The YAML has no language field; Multi30k's files are named by language."""
+    from nas.eval.scores import file_language
+
+    return file_language(spec.data.valid.tgt)
 
 
 def _arch_config(spec: SweepSpec, vocab_size: int, arch: Arch) -> dict[str, Any]:
@@ -343,7 +357,8 @@ def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supern
         model.load_state_dict(average_snapshots(paths))
     model.eval()
     vset = ValidationSet.load(data)
-    metrics = validation_scores(model, arch, vset, beam_size=spec.search.beam_size,
+    metrics = validation_scores(model, arch, vset, beam_size=recipe["beam_size"],
+                                len_penalty=recipe["length_penalty"], paper_lang=target_language(spec),
                                 max_tokens=recipe["max_tokens"])
     metrics.update(_latency(spec, model, arch, data.vocab_size))
     metrics.update(params_m=count_params(model) / 1e6, **stats, steps=float(steps))

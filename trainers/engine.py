@@ -81,7 +81,7 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
 def optimizer_step(model: SuperTransformer, optimizer: torch.optim.Optimizer,
                    scheduler: torch.optim.lr_scheduler.LRScheduler, clip_norm: float, where: str,
                    check: bool = True) -> torch.Tensor:
-    """Clip the accumulated gradients to ``clip_norm`` (total 2-norm), step Adam, renormalise MUTE's AutoShuffle
+    """Clip the accumulated gradients to ``clip_norm`` (total 2-norm; 0: no clipping, the norm is still computed), step Adam, renormalise MUTE's AutoShuffle
     matrices (eq. 17-18) and step the schedule; returns the norm before clipping (a 0-dim tensor on the
     parameters' device).
 
@@ -92,7 +92,7 @@ def optimizer_step(model: SuperTransformer, optimizer: torch.optim.Optimizer,
     Raises:
         FloatingPointError: ``check`` and a non-finite gradient norm (names ``where``); nothing is stepped then.
     """
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm if clip_norm > 0 else math.inf)
     if check and not math.isfinite(float(grad_norm)):
         raise FloatingPointError(f"non-finite gradient norm at {where}; lower train.lr")
     optimizer.step()

@@ -249,7 +249,8 @@ class SupernetRecipe:
         self.model = build_supernet(self.spec, self.data.vocab_size, self.space).to(self.settings.device)
         self.optimizer = make_optimizer(self.model, cfg.lr, cfg.weight_decay, fused=self.settings.fused_adam)
         self.scheduler = make_scheduler(self.optimizer, cfg.warmup_steps,
-                                        [stage.steps for stage in self.plan])  # restarts per stage
+                                        [stage.steps for stage in self.plan],  # restarts per stage
+                                        init_ratio=min(cfg.warmup_init_lr / cfg.lr, 1.0))
         self.corpus = self.data.corpus("train")
         self.batchers = {"train": TokenBatcher(self.corpus, cfg.max_tokens, shuffle=True, seed=cfg.seed)}
         self.rng = random.Random(cfg.seed)

@@ -21,15 +21,22 @@ __all__ = ["inverse_sqrt_lr", "make_optimizer", "make_scheduler", "batch_groups"
 T = TypeVar("T")
 
 
-def inverse_sqrt_lr(warmup_steps: int) -> Callable[[int], float]:
+def inverse_sqrt_lr(warmup_steps: int, init_ratio: float = 0.0) -> Callable[[int], float]:
     """LR multiplier: linear warm-up to 1 over ``warmup_steps``, then ``sqrt(warmup/step)`` (Vaswani et al.
     2017, sec. 5.3 eq. 3, normalised to 1 at the end of the warm-up).
+
+    With ``init_ratio`` r (the first step's rate over the peak, fairseq's ``warmup_init_lr / lr``) the warm-up
+    is ``r + (1 - r) * step / warmup_steps``, fairseq's ``inverse_sqrt`` scheduler (our ``step`` 0, the first update,
+    is fairseq's ``num_updates`` 0, so the first update runs at ``warmup_init_lr``); r = 0 keeps the warm-up from
+    ``1 / warmup_steps`` at the first step.
 
     Raises:
         ZeroDivisionError: ``warmup_steps`` is 0 when the factor is first called (use
             :func:`make_scheduler`, which maps 0 to a constant rate).
     """
     def factor(step: int) -> float:
+        if init_ratio > 0.0 and step < warmup_steps:
+            return init_ratio + (1.0 - init_ratio) * step / warmup_steps
         step = max(step, 1)
         return min(step / warmup_steps, math.sqrt(warmup_steps / step))
     return factor
@@ -49,16 +56,17 @@ def make_optimizer(model: torch.nn.Module, lr: float, weight_decay: float, *, fu
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, warmup_steps: int,
-                   stage_steps: Sequence[int] = ()) -> torch.optim.lr_scheduler.LambdaLR:
+                   stage_steps: Sequence[int] = (), *, init_ratio: float = 0.0) -> torch.optim.lr_scheduler.LambdaLR:
     """The inverse-square-root schedule of :func:`inverse_sqrt_lr` over ``warmup_steps`` optimizer steps;
     ``warmup_steps`` 0: the peak rate throughout (no warm-up, no decay).
 
     With ``stage_steps`` (the optimizer steps of each training stage, in order), the warm-up and the peak
     restart at every stage's first step, as in Scalable Transformers App. A (each of the three stages has
     its own warm-up, Table 4): the factor follows the step within the stage. The factor is a function of
-    the global step alone, so a resumed run continues on the same schedule.
+    the global step alone, so a resumed run continues on the same schedule. ``init_ratio``: the warm-up's start
+    over the peak (:func:`inverse_sqrt_lr`; ``train.warmup_init_lr / train.lr``).
     """
-    base = inverse_sqrt_lr(warmup_steps) if warmup_steps > 0 else (lambda step: 1.0)
+    base = inverse_sqrt_lr(warmup_steps, init_ratio) if warmup_steps > 0 else (lambda step: 1.0)
     starts = list(itertools.accumulate(stage_steps, initial=0))[:-1]  # each stage's first global step
 
     def factor(step: int) -> float:

@@ -74,7 +74,9 @@ def train_standalone(model: SuperTransformer, arch: Arch, spec: SweepSpec, data:
     device = settings.device
     model.to(device).train()
     optimizer = make_optimizer(model, tr.lr if lr is None else lr, tr.weight_decay, fused=settings.fused_adam)
-    scheduler = make_scheduler(optimizer, tr.warmup_steps if warmup_steps is None else warmup_steps)
+    peak = tr.lr if lr is None else lr
+    scheduler = make_scheduler(optimizer, tr.warmup_steps if warmup_steps is None else warmup_steps,
+                               init_ratio=min(tr.warmup_init_lr / peak, 1.0))
     batcher = TokenBatcher(data.corpus("train"), tr.max_tokens, shuffle=True, seed=tr.seed)  # memory-mapped ids
     stage = StandaloneTraining(arch, spec, autocast_for(resolve_precision(tr.precision, device), device))
     state: dict[str, Any] = {"step": 0, "epoch": 0, "position": 0, "corpus": "train", "losses": [],

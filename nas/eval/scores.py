@@ -1,13 +1,16 @@
 """Scoring a sub-Transformer with inherited weights: BLEU, chrF, validation loss, latency.
 
 BLEU and chrF are sacrebleu's corpus scores on detokenized text (SentencePiece decoding),
-with sacrebleu's default ``13a`` tokenization.
+with sacrebleu's default ``13a`` tokenization: the primary figures. :func:`paper_bleu` is the BLEU the
+fairseq papers report on Multi30k (lowercased, Moses-tokenized), for comparison with their tables only.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import sacrebleu
 import torch
@@ -18,8 +21,11 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.model.losses import label_smoothed_nll
 
-__all__ = ["translate", "corpus_scores", "valid_loss", "nll_per_token", "encode_sources", "length_batches",
-           "source_batches", "Scores"]
+__all__ = ["translate", "corpus_scores", "paper_bleu", "file_language", "PAPER_BLEU_LABEL", "valid_loss",
+           "nll_per_token", "encode_sources", "length_batches", "source_batches", "Scores"]
+
+PAPER_BLEU_LABEL = "BLEU (lowercased, Moses-tokenized, as Wu et al.)"
+"""How :func:`paper_bleu` (metric ``bleu_paper``) is named wherever it is printed."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +56,11 @@ def source_batches(ids: list[list[int]], todo: list[int], max_tokens: int | None
 
 @torch.no_grad()
 def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
-              beam_size: int = 4, batch_size: int = 64, max_tokens: int | None = None,
+              beam_size: int = 4, len_penalty: float = 1.0, batch_size: int = 64, max_tokens: int | None = None,
               on_batch: Callable[[int, int], None] | None = None) -> list[str]:
-    """Translate raw sentences with beam search; returns detokenized strings in input order.
+    """Translate raw sentences with beam search (``beam_size`` beams, hypotheses ranked by
+    ``sum log p / len**len_penalty``, :func:`~nas.model.decode.beam_search`); returns detokenized strings in input
+    order.
 
     Sentences are sorted by length and decoded in batches of up to ``batch_size`` sentences and, with
     ``max_tokens``, up to that many padded source tokens (:func:`length_batches`). An empty (or blank)
@@ -68,7 +76,7 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
         on_batch(len(ids) - len(todo), 0)
     device = next(model.parameters()).device
     for chunk, src in source_batches(ids, todo, max_tokens, batch_size):
-        hyps = beam_search(model, src.to(device), arch, beam_size=beam_size)
+        hyps = beam_search(model, src.to(device), arch, beam_size=beam_size, len_penalty=len_penalty)
         for i, hyp in zip(chunk, hyps):
             out[i] = hyp
         if on_batch is not None:
@@ -80,6 +88,52 @@ def corpus_scores(hypotheses: list[str], references: list[str]) -> Scores:
     """Corpus BLEU and chrF (sacrebleu) of detokenized hypotheses against one reference each."""
     return Scores(bleu=sacrebleu.corpus_bleu(hypotheses, [references]).score,
                   chrf=sacrebleu.corpus_chrf(hypotheses, [references]).score)
+
+
+def paper_bleu(hypotheses: list[str], references: list[str], lang: str) -> float:
+    """Corpus BLEU (0-100) as the fairseq papers on Multi30k report it: hypotheses and references lowercased and
+    Moses-tokenized (sacremoses' port of ``tokenizer.perl -l lang``, no HTML escaping), then 4-gram BLEU over
+    those tokens (sacrebleu with ``tokenize="none"``: the whitespace-token BLEU4 that ``fairseq-generate`` prints).
+
+    This is how Wu et al. (ACL 2021; fairseq; Transformer-Tiny 41.02 on Multi30k En-De) score: their Multi30k text
+    is lowercased and Moses-tokenized before training, and BLEU is computed on that text. The figure is not
+    sacreBLEU on raw text (:func:`corpus_scores`, the primary figure here) and is usually higher: casing errors
+    no longer count, and Moses splits punctuation and clitics differently from sacreBLEU's ``13a``. Use it only to
+    compare with such papers' tables. Moses' punctuation normalisation (``normalize-punctuation.perl``), which
+    some Multi30k preparations also run, is not applied.
+
+    Args:
+        hypotheses, references: detokenized text, one reference per hypothesis.
+        lang: the target language's Moses code (``de``, ``fr``, ``en``...; :func:`file_language`): its list of
+            non-breaking prefixes (``z.B.``) and its apostrophe rules; an unknown code tokenizes without them.
+
+    Raises:
+        ValueError: the two lists differ in length.
+    """
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses and {len(references)} references; give one reference each")
+    from sacremoses import MosesTokenizer  # on first use: only `nas retrain` reports this figure
+
+    moses = MosesTokenizer(lang=lang)
+
+    def tokenized(text: str) -> str:
+        return moses.tokenize(text.lower(), escape=False, return_str=True)
+
+    return sacrebleu.corpus_bleu([tokenized(h) for h in hypotheses], [[tokenized(r) for r in references]],
+                                 tokenize="none", force=True).score
+
+
+_LANGUAGE_SUFFIX = re.compile(r"[a-z]{2}")
+_COMPRESSED = {".gz", ".bz2", ".xz", ".zst"}
+
+
+def file_language(path: str | Path, default: str = "en") -> str:
+    """The language code in a corpus file name, ``<name>.<lang>[.gz]`` (``train.de.gz`` -> ``de``, ``val.fr`` ->
+    ``fr``): the last suffix, after dropping a compression suffix, when it is two lowercase letters (an ISO 639-1
+    code, as Moses names its languages); else ``default`` (Moses' own default, ``en``: ``train.txt``, ``tgt``)."""
+    suffixes = [s for s in Path(path).suffixes if s not in _COMPRESSED]
+    code = suffixes[-1][1:] if suffixes else ""
+    return code if _LANGUAGE_SUFFIX.fullmatch(code) else default
 
 
 @torch.no_grad()

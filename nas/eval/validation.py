@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from nas.data import Batch, PreparedData, TokenBatcher, TokenCorpus, Tokenizer
-from nas.eval.scores import corpus_scores, encode_sources, nll_per_token, source_batches
+from nas.eval.scores import corpus_scores, encode_sources, nll_per_token, paper_bleu, source_batches
 from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
@@ -112,15 +112,18 @@ class ValidationSet:
             self._losses[key] = [batch.to(device) for batch in batcher.batches(0)]
         return self._losses[key]
 
-    def translate(self, model: SuperTransformer, arch: Arch | None, beam_size: int) -> list[str]:
-        """Detokenized translations of the sources in order (beam search, ``beam_size`` beams; a blank source
-        gives ""), equal to :func:`nas.eval.scores.translate` of :attr:`src_text`."""
+    def translate(self, model: SuperTransformer, arch: Arch | None, beam_size: int,
+                  len_penalty: float = 1.0) -> list[str]:
+        """Detokenized translations of the sources in order (beam search, ``beam_size`` beams, hypotheses ranked by
+        ``sum log p / len**len_penalty``; a blank source gives ""), equal to :func:`nas.eval.scores.translate` of
+        :attr:`src_text`."""
         model.eval()
         out: list[list[int]] = [[] for _ in self.src_text]
         device = next(model.parameters()).device
         with torch.no_grad():
             for chunk, src in self.source_batches(model.max_positions // 2):
-                for i, hyp in zip(chunk, beam_search(model, src.to(device), arch, beam_size=beam_size)):
+                hyps = beam_search(model, src.to(device), arch, beam_size=beam_size, len_penalty=len_penalty)
+                for i, hyp in zip(chunk, hyps):
                     out[i] = hyp
         return self.tokenizer.decode(out)
 
@@ -132,14 +135,17 @@ def _first(corpus: TokenCorpus, n: int) -> TokenCorpus:
 
 
 def validation_scores(model: SuperTransformer, arch: Arch | None, vset: ValidationSet, *, beam_size: int | None = 4,
-                      loss: bool = True, max_tokens: int = 4096) -> dict[str, float]:
+                      len_penalty: float = 1.0, paper_lang: str | None = None, loss: bool = True,
+                      max_tokens: int = 4096) -> dict[str, float]:
     """Validation scores of ``arch`` run by ``model`` (a supernet, or a standalone model of that arch) on ``vset``.
 
     Returns:
         ``bleu`` and ``chrf`` (sacrebleu corpus scores, 0-100, of the detokenized beam-search translations with
-        ``beam_size`` beams; 1: greedy; None: not computed) and, when ``loss``, ``valid_loss`` (teacher-forced
-        negative log-likelihood per target token, nats, no label smoothing; batches of ``max_tokens`` padded
-        tokens). Leaves ``model`` in eval mode.
+        ``beam_size`` beams, length penalty ``len_penalty``; 1: greedy; None: not computed); with ``paper_lang``
+        (the target language's Moses code, e.g. ``de``) also ``bleu_paper`` of the same translations (lowercased,
+        Moses-tokenized BLEU as the fairseq papers report it, :func:`nas.eval.scores.paper_bleu`); and, when
+        ``loss``, ``valid_loss`` (teacher-forced negative log-likelihood per target token, nats, no label
+        smoothing; batches of ``max_tokens`` padded tokens). Leaves ``model`` in eval mode.
 
     Raises:
         ValueError: ``loss`` on a set without token ids (:meth:`ValidationSet.from_text`); ``arch`` exceeds the
@@ -147,8 +153,11 @@ def validation_scores(model: SuperTransformer, arch: Arch | None, vset: Validati
     """
     scores: dict[str, float] = {}
     if beam_size is not None:
-        quality = corpus_scores(vset.translate(model, arch, beam_size), vset.refs)
+        hypotheses = vset.translate(model, arch, beam_size, len_penalty)
+        quality = corpus_scores(hypotheses, vset.refs)
         scores["bleu"], scores["chrf"] = quality.bleu, quality.chrf
+        if paper_lang is not None:
+            scores["bleu_paper"] = paper_bleu(hypotheses, vset.refs, paper_lang)
     if loss:
         model.eval()
         device = next(model.parameters()).device

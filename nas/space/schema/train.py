@@ -102,6 +102,10 @@ class TrainSpec(StrictModel):
     lr: float = Field(5e-4, gt=0)
     """Peak learning rate, reached after ``warmup_steps``; then inverse square root decay."""
     warmup_steps: int = Field(400, ge=1)
+    warmup_init_lr: float = Field(0.0, ge=0.0)
+    """Learning rate of the first step, from which the warm-up rises linearly to ``lr`` (fairseq's
+    ``--warmup-init-lr`` of the ``inverse_sqrt`` schedule; Transformer-Tiny's recipe: 1e-7). 0: the rate rises
+    from ``lr / warmup_steps``."""
     sandwich_k: int = Field(1, ge=0)
     """Random sub-Transformers per step besides the widest and the narrowest (sandwich rule)."""
     inplace_distill: bool = False
@@ -132,8 +136,9 @@ class TrainSpec(StrictModel):
     """Drop-branch schedule: rho rises linearly from 0 to ``drop_branch`` over these first steps (as
     drop-path schedules do), then stays; 0 (default): MAT's fixed rho from the first step."""
     label_smoothing: float = Field(0.1, ge=0.0, lt=1.0)
-    clip_norm: float = Field(1.0, gt=0)
-    """Gradient clipping: max global L2 norm."""
+    clip_norm: float = Field(1.0, ge=0)
+    """Gradient clipping: max global L2 norm; 0: no clipping (fairseq's ``--clip-norm 0``, its default, which
+    Transformer-Tiny's recipe keeps)."""
     weight_decay: float = Field(0.0, ge=0.0)
     checkpoint_every: int = Field(200, ge=1)
     """Steps between checkpoints (also written at the end)."""
