@@ -18,7 +18,7 @@ Variants (``--variant``, repeatable; default all): ``fused_adam``, Adam as one f
 is what ``make_optimizer`` gives a CPU run today.
 
 ``--allocators``: today's step in fresh processes, one per allocator setting and round, in interleaved rounds
-(an allocator is chosen at a process's start): ``glibc`` (the default), ``glibc_tuned`` (``GLIBC_TUNABLES``
+(an allocator is chosen at a process's start): ``glibc`` (the default), ``glibc_tuned`` (the environment
 of :data:`GLIBC_TUNED`: no ``mmap`` per large tensor, no trimming, so a step's 100 MB logits reuse pages
 instead of faulting fresh ones in) and ``jemalloc`` (``LD_PRELOAD``, when installed, never returning memory).
 Prints each one's ms per step, its minor page faults and kernel seconds per step, its ratio to ``glibc``, and
@@ -40,14 +40,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 VARIANTS = {"fused_adam": {"fused": True}}
 """Variant name -> ``make_optimizer`` keyword arguments."""
-GLIBC_TUNED = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1000000000000"
-"""What ``scripts/quickstart.sh`` exports as ``GLIBC_TUNABLES``."""
+GLIBC_TUNED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000"}
+"""What ``scripts/quickstart.sh`` exports: glibc's aliases of ``glibc.malloc.mmap_max`` and
+``glibc.malloc.trim_threshold`` (``GLIBC_TUNABLES`` reaches Ray's workers cut at its first ``:``)."""
 JEMALLOC = Path("/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 
 def allocators() -> dict[str, dict[str, str]]:
     """Allocator name -> the environment variables a process starts with."""
-    out = {"glibc": {}, "glibc_tuned": {"GLIBC_TUNABLES": GLIBC_TUNED}}
+    out = {"glibc": {}, "glibc_tuned": dict(GLIBC_TUNED)}
     if JEMALLOC.is_file():
         out["jemalloc"] = {"LD_PRELOAD": str(JEMALLOC), "MALLOC_CONF": "dirty_decay_ms:-1,muzzy_decay_ms:-1"}
     return out

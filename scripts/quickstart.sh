@@ -9,8 +9,10 @@ export PATH="$PWD/.venv/bin:$PATH"
 # glibc gives each block over 32 MB (a step's logits: 4,096 x 6,000 floats) its own mmap and unmaps it when freed,
 # so every forward pass faulted fresh zeroed pages in. Keeping freed memory for reuse made a supernet step
 # 0.74-0.77x and a level-1 candidate 0.63-0.79x as long on a 2-core CPU, the weights bit-for-bit equal
-# (benchmarks/bench_sandwich_step.py --allocators); Ray's workers inherit it.
-export GLIBC_TUNABLES="${GLIBC_TUNABLES:+$GLIBC_TUNABLES:}glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1000000000000"
+# (benchmarks/bench_sandwich_step.py --allocators). glibc's own variables, not GLIBC_TUNABLES: Ray starts its
+# workers with GLIBC_TUNABLES cut at its first ':' (read in /proc/<pid>/environ), which left trimming on in every
+# trial; these two reach the workers whole.
+export MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=1000000000000
 mkdir -p exported
 : > exported/sweep.log
 start=$(date +%s)
