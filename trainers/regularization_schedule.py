@@ -1,6 +1,6 @@
 """The regularisation schedule of training: the rates of one forward pass at one optimizer step (MAT's drop-branch
 rate and its warm-up, the width-dependent dropout of Scalable Transformers sec. 4.1, the ``train.dropout_range``
-dropout).
+dropout, and ``train.student_dropout``: BigNAS's students without dropout).
 
 :func:`step_regularization` decides it (the only place) and returns the model's
 :class:`~nas.model.Regularization`, which the stage passes to the forward call
@@ -27,11 +27,16 @@ def drop_branch_at(rho: float, warmup: int, step: int) -> float:
 
 
 def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arch: Arch,
-                        rate: float | None = None) -> Regularization:
+                        rate: float | None = None, *, student: bool = False) -> Regularization:
     """The regularisation of ``arch``'s forward pass at 0-based optimizer step ``step``: the model's configured
     rates with ``train.drop_branch`` on the ``train.drop_branch_warmup`` schedule (:func:`drop_branch_at`) and the
     ``train.width_dropout`` rate of the arch's model width (``supernet.model_dim`` when the arch has none;
     Scalable Transformers sec. 4.1), when the YAML gives one.
+
+    ``student``: ``arch`` learns from the step's teacher (every sub-Transformer of a distilling step but the
+    first). With ``train.student_dropout: zero`` a student runs with dropout, attention dropout and drop-branch
+    all 0 (BigNAS sec. 3.1 regularises only the biggest child; AttentiveNAS ``train_attentive_nas.py`` sets
+    ``set_dropout_rate(0, 0, ...)`` for every child after the largest); with ``keep`` (default) it is ignored.
 
     ``rate``: the arch's ``train.dropout_range`` dropout (:attr:`~trainers.stages.StageContext.rates`),
     which replaces the dropout, and scales drop-branch by ``rate / max`` (the widest keeps ``train.drop_branch``,
@@ -43,6 +48,8 @@ def step_regularization(model: SuperTransformer, spec: SweepSpec, step: int, arc
         ValueError: ``train.width_dropout`` has no rate for the arch's model width.
     """
     tr = spec.train
+    if student and tr.student_dropout == "zero":
+        return model.regularization(dropout=0.0, attention_dropout=0.0, drop_branch=0.0)
     rho = drop_branch_at(spec.drop_branch, tr.drop_branch_warmup, step)
     if rate is not None:
         high = tr.dropout_range[1] if tr.dropout_range is not None else 0.0

@@ -32,7 +32,9 @@ class SandwichArchs:
     step by step: with only the sequential ends a Prime layer would train only when a random draw picks
     it (about 1/6 of the forward passes with ``sandwich_k: 1`` in ``unified.yaml``), against every pass
     for the sequential weights. The sandwich rule (Yu & Huang 2019, sec. 3.2) trains the largest and the
-    smallest sub-network every step; here every layout gets its own largest and smallest.
+    smallest sub-network every step; here every layout gets its own largest and smallest. The widest of a step
+    (its teacher under in-place distillation) is therefore the largest of its layout, not always of the step:
+    on a Prime step a random member with sequential layers and more paths or branches can be larger.
 
     Every draw is counted per (layer, dimension, value) in ``counts`` (the ends included); with ``balanced``
     the random members favour the least-counted values (:meth:`SearchSpace.sample_balanced`), so that values

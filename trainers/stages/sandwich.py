@@ -35,7 +35,8 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     step (all accumulated batches, all data-parallel ranks), so the gradient is the step's per-token mean.
     Each forward pass runs under :func:`~trainers.regularization_schedule.step_regularization` of ``step`` (0-based
     optimizer step) and its arch, with ``rates(arch)`` as its dropout when given (``train.dropout_range``,
-    :attr:`~trainers.stages.StageContext.rates`). ``penalty``: add MUTE's eq. 20 term (once per step:
+    :attr:`~trainers.stages.StageContext.rates`); with ``lam`` given, every arch but the first is a student
+    (``train.student_dropout: zero`` runs it without dropout). ``penalty``: add MUTE's eq. 20 term (once per step:
     on the first batch).
     The losses returned are 0-dim float64 tensors on the model's device (read them with ``float``): nothing
     here waits for the device.
@@ -45,7 +46,8 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     """
     tr = spec.train
     out: dict[str, float | torch.Tensor] = dict.fromkeys(("widest", "nll", "narrowest", "sampled", "distill"), 0.0)
-    regs = [step_regularization(model, spec, step, arch, None if rates is None else rates(arch)) for arch in archs]
+    regs = [step_regularization(model, spec, step, arch, None if rates is None else rates(arch),
+                                student=i > 0 and lam is not None) for i, arch in enumerate(archs)]
     for b, batch in enumerate(batches):
         teacher = None
         for i, (arch, reg) in enumerate(zip(archs, regs)):

@@ -112,10 +112,24 @@ class TrainSpec(StrictModel):
     """In-place distillation in the ``joint`` stage from its first step (BigNAS sec. 3.1; OFA): every
     sub-Transformer of a step but the widest learns from ``distill_lambda * ground truth + (1 - distill_lambda)
     * the widest's word distribution`` (Scalable Transformers' L_2 form), the teacher being the widest of the
-    step's layout, its logits of the same forward pass reused (detached: no extra forward). Off: eq. 4."""
+    step's layout, its logits of the same forward pass reused (detached: no extra forward). Off: eq. 4.
+
+    The teacher is the step's first sub-Transformer, the widest of the layout whose turn it is
+    (:class:`~trainers.stages.base.SandwichArchs`), which in a space with several layouts is not always the
+    step's largest child: on a Prime step the teacher has Prime layers (one path each), and a random member
+    with sequential layers and more paths or branches can have more parameters (13 of 5,000 uniform draws of
+    ``unified.yaml``); it still learns from the teacher. In a one-layout space the widest is the largest child."""
     distill_lambda: float = Field(0.5, ge=0.0, le=1.0)
     """With ``inplace_distill``: the weight of the ground truth for the students (BigNAS: 0, the teacher's
     distribution alone)."""
+    student_dropout: Literal["keep", "zero"] = "keep"
+    """The regularisation of the students, the sub-Transformers of a distilling step but the teacher (the joint
+    stage with ``inplace_distill``; the ``word_distill`` and ``seq_distill`` stages). ``keep`` (default): each
+    runs with the dropout, attention dropout and drop-branch of the others (``supernet.dropout``,
+    ``width_dropout`` or ``dropout_range``; ``drop_branch``). ``zero``: they run with all three at 0 and only the
+    teacher keeps its configured rates, as BigNAS regularises only the biggest child, the only one trained on the
+    labels (sec. 3.1) and AttentiveNAS's ``train_attentive_nas.py`` calls ``set_dropout_rate(0, 0, ...)``
+    before the smaller children. MUTE's unit-bias input noise is unchanged. Refused when nothing distils."""
     dropout_range: tuple[float, float] | None = None
     """``[min, max]``: each sub-Transformer's dropout (and drop-branch) grows with its size (Scalable
     Transformers sec. 4.1: 0 for the narrowest up to 0.3 for the widest). Its share is ``(params - params of the
@@ -198,6 +212,15 @@ class TrainSpec(StrictModel):
         if self.width_dropout is not None:
             raise ValueError("train.dropout_range and train.width_dropout both set a sub-Transformer's dropout; "
                              "keep one (dropout_range acts in every space, width_dropout only on model widths)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_student_dropout(self) -> "TrainSpec":
+        if self.student_dropout == "zero" and not self.inplace_distill and \
+                all(stage.name == "joint" for stage in self.stage_plan):
+            raise ValueError("train.student_dropout: zero sets the students' dropout to 0, but no step has students: "
+                             "set train.inplace_distill: true, or add a word_distill or seq_distill stage, "
+                             "or leave train.student_dropout out (keep)")
         return self
 
     @model_validator(mode="after")
