@@ -397,10 +397,17 @@ def ranking_report(points: Sequence[dict[str, Any]], ranking: dict[str, Any],
             pick = min(fit, key=lambda a: (loss[a], a), default=None)
             top.append({"budget": b["budget"], "label": b["label"], "latency_ms": b["latency_ms"], "archs": len(fit),
                         "k": k, "hits": hits, "pick": _pick(inside, fit, pick)})
+        level1 = {}
+        for score, sign in (("valid_loss", 1.0), ("greedy_bleu", -1.0)):  # both as "lower is better"
+            values = ranking["snapshots"][step].get("level1", {}).get(score, {})
+            if all(p["arch_id"] in values for p in inside):
+                level1[score] = _interval([sign * values[p["arch_id"]] for p in inside],
+                                          [-p["test_bleu"] for p in inside])
         snapshots.append({"step": int(step), "archs": len(inside),
                           "outside": sorted(p["key"] for p in points if p["arch_id"] not in loss),
                           "valid_loss": _interval(x, [p["valid_loss"] for p in inside]),
-                          "minus_test_bleu": _interval(x, [-p["test_bleu"] for p in inside]), "top_k": top})
+                          "minus_test_bleu": _interval(x, [-p["test_bleu"] for p in inside]), "top_k": top,
+                          "level1": level1})
     return {"metric": ranking.get("metric"), "notes": ranking.get("notes"), "snapshots": snapshots}
 
 
@@ -659,6 +666,16 @@ def _ranking_lines(r: dict[str, Any] | None) -> list[str]:
         picks = " | ".join("-" if (p := t["pick"]) is None else
                            f"{p['label']} {p['test_bleu']:.2f} ({p['true_rank']} of {t['archs']})" for t in s["top_k"])
         lines.append(f"| {s['step']} | {picks} |")
+    if any(s.get("level1") for s in r["snapshots"]):
+        lines += ["", "Level 1's two scores (`search.evolution.score`) as a sweep of the YAML computes them, on the first "
+                  "200 validation sentences, against minus the ground truth's test2016 sacreBLEU (tau, [95% interval]): "
+                  "which one a search should rank by at each length of supernet training:", "",
+                  "| supernet step | inherited valid loss, all sentences | valid_loss, 200 sentences | "
+                  "greedy_bleu, 200 sentences |", "| --- | --- | --- | --- |"]
+        for s in r["snapshots"]:
+            l1 = s.get("level1", {})
+            cells = " | ".join(_tau_cell(l1[k]) if k in l1 else "-" for k in ("valid_loss", "greedy_bleu"))
+            lines.append(f"| {s['step']} | {_tau_cell(s['minus_test_bleu'])} | {cells} |")
     outside = sorted({k for s in r["snapshots"] for k in s["outside"]})
     if outside:
         lines += ["", f"Not ranked (outside the space or missing from the file): {', '.join(outside)}."]
@@ -714,7 +731,28 @@ def phase_report(out: Path = OUT, ranking_path: Path = RANKING) -> dict[str, Any
     (out / "front.png").write_bytes(front_png(rep))
     for name in ("results.md", "results.json", "front.png"):
         print(f"report: {_shown(out / name)}", file=sys.stderr, flush=True)
+    if out == OUT:
+        DOCS_PAGE.write_text(docs_page(DOC_HEAD.read_text(encoding="utf-8"), markdown(rep)), encoding="utf-8")
+        shutil.copyfile(out / "front.png", DOCS_PAGE.with_name("ground_truth_front.png"))
+        print(f"report: {_shown(DOCS_PAGE)}", file=sys.stderr, flush=True)
     return rep
+
+
+DOC_HEAD = OUT / "doc_head.md"
+"""The hand-written top of ``docs/ground_truth.md`` (what it is, the findings in words, how to reproduce)."""
+DOCS_PAGE = ROOT / "docs" / "ground_truth.md"
+
+
+def docs_page(head: str, results_md: str) -> str:
+    """``docs/ground_truth.md``: ``head``, then ``results.md`` without its title, the plot before the budgets."""
+    lines = results_md.split("\n")
+    if not lines[0].startswith("# "):
+        raise ValueError("results.md does not start with its title")
+    body = "\n".join(lines[2:])
+    marker = "\n## The best arch at or under each budget"
+    image = ("\n![The true front: every arch by kind, the front as a staircase, the baselines labelled]"
+             "(ground_truth_front.png)\n")
+    return head + body.replace(marker, image + marker, 1)
 
 
 def _shown(path: Path) -> str:

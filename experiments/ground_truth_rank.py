@@ -5,10 +5,14 @@
     python experiments/ground_truth_rank.py --snapshots DIR
 
 writes ``experiments/ground_truth/supernet_ranking.json``: ``{"metric", "snapshots": {step: {"by_arch_id": {arch_id:
-loss}}}, "notes"}``; ``experiments/ground_truth.py --phase report`` turns it into Kendall tau and top-5 recall. The
+loss}, "level1": {score: {arch_id: value}}}}, "notes"}``; ``experiments/ground_truth.py --phase report`` turns it into Kendall tau and top-5 recall. The
 loss is the level-1 screening score of a two-level search (teacher-forced negative log-likelihood per target token,
 nats, no label smoothing, the whole validation set), computed on this CPU in fp32 from the fp16 weights. An arch
 outside the space (Tiny-L's 6-layer decoder; the space has at most 4) has no inherited score and is left out.
+
+Beside it (``level1``), the two scores level 1 can rank by (``search.evolution.score``) as a sweep of the YAML computes
+them, on the first ``search.evolution.subset_sentences`` (200) validation sentences: ``valid_loss`` and
+``greedy_bleu`` (maximized), so the report can say which of them ranks closest to the ground truth.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     from nas.eval.validation import ValidationSet, validation_scores
     from nas.model.supernet import SuperTransformer
     from nas.space import load_spec
+    from nas.search.trials import validation_set
     from nas.space.arch import Arch
 
     torch.set_num_threads(1)
@@ -46,6 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     data = prepare_sweep_data(spec, progress=False)
     space = build_space(spec)
     vset = ValidationSet.load(data)
+    subset = validation_set(data, spec.search.evolution.subset_sentences)
     archs: dict[str, Arch] = {}
     outside: set[str] = set()
     for path in sorted(ARCHS.glob("*.json")):
@@ -63,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     for snap in sorted(args.snapshots.glob("supernet_step*.safetensors")):
         step = str(int(snap.stem.removeprefix("supernet_step")))
         done = result["snapshots"].get(step, {}).get("by_arch_id", {})
-        if set(archs) <= set(done):
+        level1 = result["snapshots"].get(step, {}).get("level1", {})
+        if set(archs) <= set(done) and all(set(archs) <= set(level1.get(k, {})) for k in ("valid_loss", "greedy_bleu")):
             continue
         with safe_open(str(snap), "pt") as f:
             config = json.loads(f.metadata()["config"])
@@ -74,7 +81,14 @@ def main(argv: list[str] | None = None) -> None:
         for arch_id, arch in sorted(archs.items()):
             if arch_id not in losses:
                 losses[arch_id] = validation_scores(model, arch, vset, beam_size=None, loss=True)["valid_loss"]
-        result["snapshots"][step] = {"by_arch_id": losses}
+        level1 = {k: dict(level1.get(k, {})) for k in ("valid_loss", "greedy_bleu")}
+        for arch_id, arch in sorted(archs.items()):
+            if arch_id not in level1["valid_loss"]:
+                level1["valid_loss"][arch_id] = validation_scores(model, arch, subset, beam_size=None, loss=True,
+                                                                  max_tokens=spec.train.max_tokens)["valid_loss"]
+            if arch_id not in level1["greedy_bleu"]:
+                level1["greedy_bleu"][arch_id] = validation_scores(model, arch, subset, beam_size=1, loss=False)["bleu"]
+        result["snapshots"][step] = {"by_arch_id": losses, "level1": level1}
         print(f"step {step}: {len(losses)} archs, loss {min(losses.values()):.3f}-{max(losses.values()):.3f}",
               file=sys.stderr, flush=True)
         result.update({"metric": "inherited valid loss", "notes": (

@@ -165,3 +165,9 @@ def test_the_committed_results_md_is_reproduced_from_the_committed_json(gt):
     fit = [p for p in rep["points"] if p["latency_ms"] <= t["tiny_latency_ms"] and p["key"] != "baseline_tiny"]
     assert t["best"]["test_bleu"] == max(p["test_bleu"] for p in fit)
     assert t["seed_spread_bleu"] == pytest.approx(abs(t["tiny_seed_bleu"][0] - t["tiny_seed_bleu"][1]))
+
+
+def test_the_docs_page_is_the_hand_written_head_and_the_committed_results(gt):
+    page = gt.DOCS_PAGE.read_text(encoding="utf-8")
+    assert page == gt.docs_page(gt.DOC_HEAD.read_text(encoding="utf-8"),
+                                (gt.OUT / "results.md").read_text(encoding="utf-8"))
