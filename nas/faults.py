@@ -5,14 +5,17 @@ tests) a point costs one ``os.environ`` lookup and does nothing. A test arms the
 setting the environment variable (Ray workers of a local cluster inherit the driver's
 environment, so setting it for ``nas sweep`` reaches the trials)::
 
-    NAS_TEST_FAULT=KIND[:WHEN]
+    NAS_TEST_FAULT=KIND[:WHEN][,KIND[:WHEN]...]
 
 - KIND ``raise``: the point raises ``RuntimeError``; ``oom``: it raises
   ``torch.OutOfMemoryError``; ``nan``: it returns ``"nan"`` and the caller makes a metric NaN (the
   caller's NaN check must then turn it into ``FloatingPointError``).
 - WHEN ``always`` (default): every call; ``first``: only a trial's first attempt (counted in the
   ``attempts`` file the caller names, so a retry from ``search.max_failures`` succeeds); ``even``:
-  trials with an even number; a number P in (0, 1): each call with probability P.
+  trials with an even number; ``trialN``: the trial numbered N only; a number P in (0, 1): each call with
+  probability P.
+- Several faults, comma-separated, arm one point together: the first whose WHEN holds fires, so one sweep can
+  carry independent faults, e.g. ``raise:trial0,nan:trial1,oom:trial2``.
 
 The points today: ``score_trial`` (:func:`nas.search.trials.score_trial`).
 
@@ -61,24 +64,30 @@ _passes: dict[str, int] = {}
 
 
 class FaultSpecError(NasError):
-    """:data:`ENV` holds a value that is neither off nor ``KIND[:WHEN]`` (names it, the grammar and how to unset it)."""
+    """:data:`ENV` holds a value that is neither off nor ``KIND[:WHEN][,...]`` (names it, the grammar and how to
+    unset it)."""
 
 
-def parse(value: str | None) -> tuple[str, str] | None:
-    """``(kind, when)`` armed by the :data:`ENV` value ``value``, or None when it arms nothing (unset or :data:`OFF`).
+def parse(value: str | None) -> list[tuple[str, str]] | None:
+    """The ``(kind, when)`` faults armed by the :data:`ENV` value ``value``, in order, or None when it arms nothing
+    (unset or :data:`OFF`).
 
     Raises:
-        FaultSpecError: any other value that is not ``KIND[:WHEN]`` (names it and the grammar).
+        FaultSpecError: any other value that is not ``KIND[:WHEN][,KIND[:WHEN]...]`` (names it and the grammar).
     """
     if value is None or value.strip().lower() in OFF:
         return None
-    kind, _, when = value.strip().partition(":")
-    when = when or "always"
-    if kind not in KINDS or not (when in ("always", "first", "even") or _probability(when) is not None):
-        raise FaultSpecError(f"{ENV}={value!r}: expected KIND[:WHEN], KIND in {'|'.join(KINDS)}, WHEN "
-                             f"always|first|even|P with 0 < P < 1 (a test-only hook: unset it, or set it to 0, to run "
-                             f"without injected faults)")
-    return kind, when
+    armed = []
+    for item in value.split(","):
+        kind, _, when = item.strip().partition(":")
+        when = when or "always"
+        if kind not in KINDS or not (when in ("always", "first", "even") or _trial(when) is not None
+                                     or _probability(when) is not None):
+            raise FaultSpecError(f"{ENV}={value!r}: expected KIND[:WHEN][,KIND[:WHEN]...], KIND in "
+                                 f"{'|'.join(KINDS)}, WHEN always|first|even|trialN|P with 0 < P < 1 (a test-only "
+                                 f"hook: unset it, or set it to 0, to run without injected faults)")
+        armed.append((kind, when))
+    return armed
 
 
 def check() -> None:
@@ -147,12 +156,12 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
 
     Args:
         name: the point's name (see the module docstring).
-        number: the trial's number (for WHEN ``even``).
+        number: the trial's number (for WHEN ``even`` and ``trialN``).
         attempts: a file counting this trial's attempts (for WHEN ``first``); updated atomically.
         label: what the injected error says failed (default: ``name``).
 
     Returns:
-        ``"nan"`` when the armed fault is ``nan`` (the caller applies it), else None.
+        ``"nan"`` when the fault that fires is ``nan`` (the caller applies it), else None.
 
     Raises:
         RuntimeError: armed with ``raise``.
@@ -161,10 +170,8 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
         ValueError: WHEN ``first`` without an ``attempts`` file.
     """
     armed = parse(os.environ.get(ENV))
-    if armed is None:
-        return None
-    kind, when = armed
-    if not _armed(when, number, attempts):
+    kind = next((kind for kind, when in armed or () if _armed(when, number, attempts)), None)
+    if kind is None:
         return None
     where = label or name
     if kind == "raise":
@@ -185,7 +192,15 @@ def _armed(when: str, number: int | None, attempts: str | Path | None) -> bool:
         return _count_attempt(Path(attempts)) == 1
     if when == "even":
         return number is not None and int(number) % 2 == 0
+    if _trial(when) is not None:
+        return number is not None and int(number) == _trial(when)
     return random.random() < float(when)  # a probability: parse checked it
+
+
+def _trial(when: str) -> int | None:
+    """N of a WHEN ``trialN``, else None."""
+    rest = when.removeprefix("trial")
+    return int(rest) if rest != when and rest.isdigit() else None
 
 
 def _count_attempt(path: Path) -> int:

@@ -58,13 +58,27 @@ def test_an_off_value_arms_nothing(monkeypatch, value):
     assert faults.parse(value) is None
 
 
-@pytest.mark.parametrize("value, armed", [("raise", ("raise", "always")), (" nan:even ", ("nan", "even")),
-                                          ("oom:0.25", ("oom", "0.25")), ("raise:first", ("raise", "first"))])
+@pytest.mark.parametrize("value, armed", [("raise", [("raise", "always")]), (" nan:even ", [("nan", "even")]),
+                                          ("oom:0.25", [("oom", "0.25")]), ("raise:first", [("raise", "first")]),
+                                          ("raise:trial0, nan:trial12", [("raise", "trial0"), ("nan", "trial12")])])
 def test_parse_reads_kind_and_when(value, armed):
     assert faults.parse(value) == armed
 
 
-@pytest.mark.parametrize("value", ["explode", "raise:sometimes", "nan:1", "raise:-0.5", "1", "true"])
+def test_several_faults_each_fire_on_their_own_trial_and_the_first_that_holds_wins(monkeypatch):
+    import torch
+
+    monkeypatch.setenv(faults.ENV, "raise:trial0,nan:trial1,oom:trial2,nan:even")
+    with pytest.raises(RuntimeError, match="injected failure"):
+        faults.point("p", number=0)
+    assert faults.point("p", number=1) == "nan"
+    with pytest.raises(torch.OutOfMemoryError):
+        faults.point("p", number=2)
+    assert [faults.point("p", number=n) for n in (3, 4, 5)] == [None, "nan", None]
+
+
+@pytest.mark.parametrize("value", ["explode", "raise:sometimes", "nan:1", "raise:-0.5", "1", "true", "raise:trial",
+                                   "raise:trialx", "raise:trial0,explode", "raise,"])
 def test_check_refuses_a_malformed_value_as_bad_input_naming_it_and_how_to_turn_it_off(monkeypatch, value):
     from nas.errors import NasError
 
