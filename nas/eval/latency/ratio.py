@@ -16,6 +16,11 @@ reported beside it.
 This departs from HAT (Wang et al. 2020, sec. 4), which times each arch alone (5 warm-up runs, 20 timed, the top and
 bottom 10% dropped, the rest averaged) and reports milliseconds: on a shared CPU an absolute time is not
 reproducible, a ratio timed this way is (``benchmarks/bench_latency_ratio.py`` measures the spread).
+
+The engine. By default each run is the model's own beam search in PyTorch (:func:`fixed_workload_run`). A caller
+may pass ``runner``, a function that turns (model, arch, workload) into the call to time: ``search.latency_engine:
+onnxruntime`` passes :func:`nas.export.latency_engine.onnx_runner`'s, which exports both models to ONNX and times
+the exported translator. The runner comes from above (the export layer): this module does not know the engines.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import gc
 import statistics
 import time
 from contextlib import nullcontext
-from typing import Mapping
+from typing import Callable, Mapping
 
 import torch
 
@@ -35,7 +40,10 @@ from nas.space.arch import Arch
 from nas.space.schema.search import DEFAULT_LATENCY_ROUNDS
 
 __all__ = ["DEFAULT_ROUNDS", "WARMUP_ROUNDS", "measure_latency_ratio", "interleaved_timings", "summarize_interleaved",
-           "latency_device"]
+           "latency_device", "Runner"]
+
+Runner = Callable[[SuperTransformer, "Arch | None", Mapping[str, int]], Callable[[], None]]
+"""(model, arch, workload) -> the call to time, built before timing starts (:func:`fixed_workload_run` by default)."""
 
 DEFAULT_ROUNDS = DEFAULT_LATENCY_ROUNDS
 """Interleaved rounds (one candidate run between two reference runs) of ``search.latency_repeats``' default: the
@@ -67,7 +75,7 @@ def latency_device(named: str, scoring: torch.device) -> torch.device:
 def measure_latency_ratio(model: SuperTransformer, arch: Arch | None, reference_model: SuperTransformer,
                           reference_arch: Arch | None, *, workload: Mapping[str, int] | None = None,
                           rounds: int = DEFAULT_ROUNDS, warmup: int = WARMUP_ROUNDS, threads: int = 1,
-                          lock: MeasureLock | None = None) -> dict[str, float]:
+                          lock: MeasureLock | None = None, runner: Runner | None = None) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of ``arch`` on the fixed workload, the
     reference timed interleaved with it in this process (see the module docstring).
 
@@ -87,6 +95,8 @@ def measure_latency_ratio(model: SuperTransformer, arch: Arch | None, reference_
         warmup: untimed runs of each model first.
         threads: torch threads (intra-op) while timing; the caller's count is restored afterwards.
         lock: the node's measurement lock, held exclusively for warm-up and timing (None: none).
+        runner: builds each model's call to time (None: :func:`fixed_workload_run`, PyTorch's beam search;
+            ``search.latency_engine: onnxruntime``: :func:`nas.export.latency_engine.onnx_runner`'s).
 
     Returns:
         ``latency_ms`` (median of the candidate's runs, ms), ``latency_reference_ms`` (median of the reference's
@@ -97,7 +107,7 @@ def measure_latency_ratio(model: SuperTransformer, arch: Arch | None, reference_
             workload the models cannot run (:func:`fixed_workload_run`).
     """
     cand_ms, ref_ms = interleaved_timings(model, arch, reference_model, reference_arch, workload=workload,
-                                          rounds=rounds, warmup=warmup, threads=threads, lock=lock)
+                                          rounds=rounds, warmup=warmup, threads=threads, lock=lock, runner=runner)
     return summarize_interleaved(cand_ms, ref_ms)
 
 
@@ -120,7 +130,7 @@ def summarize_interleaved(cand_ms: list[float], ref_ms: list[float]) -> dict[str
 def interleaved_timings(model: SuperTransformer, arch: Arch | None, reference_model: SuperTransformer,
                         reference_arch: Arch | None, *, workload: Mapping[str, int] | None = None,
                         rounds: int = DEFAULT_ROUNDS, warmup: int = WARMUP_ROUNDS, threads: int = 1,
-                        lock: MeasureLock | None = None) -> tuple[list[float], list[float]]:
+                        lock: MeasureLock | None = None, runner: Runner | None = None) -> tuple[list[float], list[float]]:
     """The runs of :func:`measure_latency_ratio` (same arguments and errors): ``(cand_ms [rounds], ref_ms
     [rounds + 1])``, milliseconds in the order R_0, C_0, R_1, ..., C_{rounds-1}, R_rounds ran."""
     if rounds < 1 or threads < 1 or warmup < 0:
@@ -132,8 +142,9 @@ def interleaved_timings(model: SuperTransformer, arch: Arch | None, reference_mo
     workload = dict(DEFAULT_WORKLOAD if workload is None else workload)
     model.eval()
     reference_model.eval()
-    candidate = fixed_workload_run(model, arch, workload)
-    reference = fixed_workload_run(reference_model, reference_arch, workload)
+    runner = runner or fixed_workload_run
+    candidate = runner(model, arch, workload)
+    reference = runner(reference_model, reference_arch, workload)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     def timed(run) -> float:

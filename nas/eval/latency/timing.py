@@ -25,7 +25,7 @@ from nas.model.decode import beam_search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["DEFAULT_WORKLOAD", "fixed_workload_run", "measure_fixed_latency", "measure_latency", "trimmed_mean",
+__all__ = ["DEFAULT_WORKLOAD", "fixed_workload_run", "fixed_workload_source", "measure_fixed_latency", "measure_latency", "trimmed_mean",
            "describe_device", "torch_threads"]
 
 DEFAULT_WORKLOAD: dict[str, int] = {"src_tokens": 30, "tgt_tokens": 30, "beam": 4, "batch": 1}
@@ -155,6 +155,16 @@ def _fixed_source(src_tokens: int, batch_size: int, vocab_size: int, device: tor
         raise ValueError(f"vocab_size={vocab_size} has no word ids (ids 0-3 are PAD, UNK, BOS, EOS)")
     words = [_FIRST_WORD_ID + i % (vocab_size - _FIRST_WORD_ID) for i in range(src_tokens - 1)]
     return torch.tensor([words + [_EOS_ID]] * batch_size, dtype=torch.long, device=device)  # [b, s]
+
+
+def fixed_workload_source(model: SuperTransformer, workload: Mapping[str, int], device: torch.device) -> torch.Tensor:
+    """The ``[batch, src_tokens]`` dummy sources of :func:`fixed_workload_run` for ``model``'s vocabulary, on
+    ``device`` (other engines run the same sentences).
+
+    Raises:
+        ValueError: a vocabulary without word ids.
+    """
+    return _fixed_source(int(workload["src_tokens"]), int(workload["batch"]), model.vocab_size, device)
 
 
 @torch.no_grad()
