@@ -128,7 +128,8 @@ def forward_flops(arch: Arch, *, model_dim: int, vocab_size: int, batch: int, sr
     MAT eq. 4), P_l paths and U_l units (each multiplies its sublayers: Multi-Path eq. 4, MUTE eq. 10): the
     q/k/v and output projections, the attention scores ``q k^T`` and ``probs v`` over every position pair (the
     decoder's causal self-attention counted full, as PaLM's MFU does), the cross-attention (keys and values
-    projected from the ``src_len`` memory positions), the FFN's two linear maps, Prime's convolution
+    projected from the ``k * src_len`` memory positions of the last k encoder layers a decoder layer attends to,
+    :attr:`Arch.attended_layers`, HAT sec. 3.1), the FFN's two linear maps, Prime's convolution
     (its kernel generator, depthwise taps and output projection) and relative-position terms (Shaw et al.
     eq. 3-4), the input/output projections of Scalable Transformers eq. 3 (``io_projection``) and the output
     projection to the vocabulary. Not counted (standard: PaLM, Chowdhery et al. 2022, appendix B; Megatron-LM,
@@ -147,7 +148,8 @@ def forward_flops(arch: Arch, *, model_dim: int, vocab_size: int, batch: int, sr
     c = arch.model_width or model_dim
     e = embed_dim or model_dim
     flops = sum(_layer_flops(d, c, batch, src_len, None, relative_positions) for d in arch.encoder.layer_dims())
-    flops += sum(_layer_flops(d, c, batch, tgt_len, src_len, 0) for d in arch.decoder.layer_dims())
+    flops += sum(_layer_flops(d, c, batch, tgt_len, k * src_len, 0)
+                 for d, k in zip(arch.decoder.layer_dims(), arch.attended_layers))
     if io_projection:  # W'_e on every source and target position, W'_o on every target position
         flops += 2 * batch * (src_len + tgt_len) * e * c + 2 * batch * tgt_len * c * e
     return flops + 2 * batch * tgt_len * e * vocab_size

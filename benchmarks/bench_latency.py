@@ -55,7 +55,8 @@ def _stack_at_most(a: StackArch, b: StackArch) -> bool:
     for x, y in zip(a.layer_dims(), b.layer_dims()):  # a's layers against b's first layers
         if (x.layout, x.kernels) != (y.layout, y.kernels):
             return False
-        if any(getattr(x, k) > getattr(y, k) for k in ("width", "ffn_width", "branches", "paths", "units")):
+        if any(getattr(x, k) > getattr(y, k) for k in ("width", "ffn_width", "branches", "paths", "units",
+                                                       "encoder_attention")):
             return False
     return True
 

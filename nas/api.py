@@ -223,8 +223,9 @@ def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int
 
     One row a trial, one column a `nas.tracking.LeaderboardRow` field: `run_id`, `arch`, `bleu`,
     `chrf` (0-100), `params_m` (millions), `latency_ms` (ms), `valid_loss` (nats per token), `sweep_id`,
-    `arch_id`, `pareto`, `feasible`, `latency_ratio`, and the retrained scores beside the inherited ones
-    (`retrain_bleu`, ..., where `nas retrain` trained the trial's arch).
+    `arch_id`, `pareto`, `feasible`, `latency_ratio`, the retrained scores beside the inherited ones
+    (`retrain_bleu`, ..., where `nas retrain` trained the trial's arch), and `point`: the name of the
+    `search.points_to_evaluate` entry a trial was started from (your own arch, e.g. `tiny`), else None.
 
     Args:
         experiment: default: the newest sweep's.

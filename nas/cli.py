@@ -220,7 +220,7 @@ def leaderboard(experiment: Optional[str] = typer.Option(None, help="MLflow expe
     if board.why_empty:
         err.print(escape(board.why_empty), highlight=False)
     if fmt == "table":
-        out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}"))
+        out.print(tracking.leaderboard_table(rows, title=f"{experiment}: top {top} by {metric}", below=board.below))
         if scan is not None:
             out.print(f"Pareto front ({', '.join(map(str, scan.objectives))}): {len(scan.front)} of {scan.scanned} "
                       f"matching trials; {sum(bool(r.pareto) for r in rows)} in this table (marked *)", highlight=False)

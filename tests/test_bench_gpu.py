@@ -56,9 +56,10 @@ def _stack(*layers: dict) -> StackArch:
     return StackArch(**{key: tuple(layer[key] for layer in layers) for key in layers[0]})
 
 
-def _layer(width=32, ffn=64, branches=1, paths=1, layout="sequential", kernels=(), units=1) -> dict:
+def _layer(width=32, ffn=64, branches=1, paths=1, layout="sequential", kernels=(), units=1,
+           encoder_attention=1) -> dict:
     return dict(width=width, ffn_width=ffn, branches=branches, paths=paths, layout=layout, kernels=kernels,
-                units=units)
+                units=units, encoder_attention=encoder_attention)
 
 
 @pytest.mark.filterwarnings("ignore:enable_nested_tensor")
@@ -102,6 +103,9 @@ FAMILIES = {
     "type-1 model width": dict(enc=[_layer(16, 32)], dec=[_layer(16, 32)], model_width=16,
                                model=dict(io_projection=True)),
     "units": dict(enc=[_layer(units=2, branches=2)], dec=[_layer(units=2, paths=2)]),
+    "encoder attention (HAT), the second clamped to the depth": dict(
+        enc=[_layer(), _layer(16, 32)],
+        dec=[_layer(encoder_attention=2, branches=2), _layer(16, 32, encoder_attention=3)]),
 }
 
 

@@ -4,7 +4,8 @@ CTranslate2 runs the plain pre-norm Transformer (Vaswani et al. 2017 with the pr
 al. 2019, what ``torch.nn.Transformer(norm_first=True)`` computes). A sub-Transformer is that model exactly
 when every layer has one branch, one path and one unit, the ``sequential`` layout, and every layer of a
 stack has the same attention width (CTranslate2 takes one head count per stack); FFN widths may differ per
-layer. ``io_projection`` (Scalable Transformers eq. 3) and relative positions (MUTE's encoders) have no
+layer, and every decoder layer attends to the last encoder layer only (HAT's ``encoder_attention`` 1).
+``io_projection`` (Scalable Transformers eq. 3) and relative positions (MUTE's encoders) have no
 CTranslate2 counterpart in a Transformer spec, so models with them are refused too; relative positions only
 where every layer has them (``relative_layers`` "all"): under "units" they are used only by layers with
 units > 1, which are refused anyway.
@@ -99,6 +100,11 @@ def ctranslate2_problem(arch: Arch, config: dict[str, Any]) -> str | None:
         problem = _stack_problem(name, stack)
         if problem:
             return problem
+    for i, k in enumerate(arch.attended_layers):
+        if k > 1:
+            return (f"decoder layer {i} attends to the last {k} encoder layers (encoder_attention="
+                    f"{arch.decoder.encoder_attention[i]}, HAT's "
+                    f"arbitrary encoder-decoder attention); CTranslate2 attends to the last one only")
     if config.get("io_projection") or arch.model_width:
         return "the model has the input/output projections of Scalable Transformers eq. 3 (io_projection)"
     if config.get("relative_positions") and config.get("relative_layers", "all") == "all":

@@ -3,9 +3,12 @@
 An ONNX folder is a complete ``nas export`` folder (``model.safetensors``, ``model.json``,
 ``arch.json``, ``export.json``, ``spm.model``) plus:
 
-- ``encoder.onnx``: ``src [b, s]`` int64 -> ``memory [b, s, C]``, ``src_pad [b, s]`` bool and,
+- ``encoder.onnx``: ``src [b, s]`` int64 -> ``memory [b, K*s, C]``, ``src_pad [b, s]`` bool and,
   per decoder layer, the cross-attention keys/values ``cross.<layer>.<key>`` (computed once
-  per sentence, as the PyTorch cache's "cross" part);
+  per sentence, as the PyTorch cache's "cross" part). With HAT's arbitrary encoder-decoder attention
+  a decoder layer attends to the last k encoder layers: its keys/values are ``k * s`` long (axis
+  ``"<k>*src_len"`` in the manifest) and ``memory`` holds the last K (the most any layer attends to)
+  encoder outputs concatenated along the length (:meth:`SuperTransformer.encode`);
 - ``decoder_step.onnx``: ``tokens [n, 1]`` (the newest token), ``memory``, ``src_pad``, the
   ``cross.*`` tensors and the step state ``past.<layer>.<part>.<key>`` -> ``logits [n, V]``
   (raw, before log-softmax) and the new state ``present.<layer>.<part>.<key>``. The step
@@ -92,7 +95,8 @@ def _run_cache(model: SuperTransformer, arch: Arch, src: torch.Tensor, steps: in
 
 def _cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
     """Discover each cached tensor's axes by running PyTorch at two batch sizes, two source
-    lengths and two steps: an axis is ``batch``, ``src_len``, ``past_len`` or a fixed size.
+    lengths and two steps: an axis is ``batch``, ``src_len`` (``"<k>*src_len"`` for the keys/values of a
+    cross-attention over the last k encoder layers), ``past_len`` or a fixed size.
 
     The "cross" part comes from the encoder graph; every other part ("self", "conv") is
     step state, reordered every beam-search step (as ``SuperTransformer.reorder_cache``).
@@ -113,8 +117,12 @@ def _cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
                 for axis, size in enumerate(shapes[0]):
                     if shapes[2][axis] != size:
                         dims.append("batch")
-                    elif shapes[3][axis] != size:
-                        dims.append("src_len")
+                    elif shapes[3][axis] != size:  # source lengths 7 and 6: k * 7 and k * 6 positions
+                        k = size - shapes[3][axis]
+                        if size != 7 * k:
+                            raise RuntimeError(f"cache {layer}.{part}.{key} {shapes[0]}: axis {axis} is not a "
+                                               f"multiple of the source length")
+                        dims.append("src_len" if k == 1 else f"{k}*src_len")
                     elif shapes[1][axis] != size:
                         dims.append("past_len")
                     else:
@@ -157,8 +165,9 @@ def _cross_direct(model: SuperTransformer, arch: Arch, memory: torch.Tensor, src
     encoder exports in half the time; it is used only where it reproduces :func:`_cross_by_step`
     exactly (checked on the example batch)."""
     cache = []
-    for layer, dims in zip(model.decoder, arch.decoder.layer_dims()):
-        k, v = layer.cross_kv(memory, dims)  # each [G, b, B*h, s, dh]
+    sources = model.cross_sources(memory, src_pad, arch)  # per layer: the last k encoder outputs [b, k*s, C]
+    for layer, dims, (mem, _) in zip(model.decoder, arch.decoder.layer_dims(), sources):
+        k, v = layer.cross_kv(mem, dims)  # each [G, b, B*h, k*s, dh]
         cache.append({"cross": {"ck": k, "cv": v}})
     return cache
 
@@ -177,7 +186,7 @@ def _cross_fn(model: SuperTransformer, arch: Arch, cross: list[dict], src: torch
 
 
 class _EncoderGraph(nn.Module):
-    """``src [b, s]`` -> ``memory [b, s, C]``, ``src_pad [b, s]``, then each ``cross.*`` tensor."""
+    """``src [b, s]`` -> ``memory [b, K*s, C]``, ``src_pad [b, s]``, then each ``cross.*`` tensor."""
 
     def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], cross_fn) -> None:
         super().__init__()
@@ -272,6 +281,9 @@ def _write_graphs(model: SuperTransformer, arch: Arch, folder: Path, opset: int)
     state = [e for e in entries if e["source"] == "step"]
     dims = {"batch": Dim("batch", min=1), "src_len": Dim("src_len", min=1, max=model.max_positions),
             "past_len": Dim("past_len", min=0, max=model.max_positions - 1)}
+    for k in set(arch.attended_layers) - {1}:  # HAT: the keys/values of k encoder outputs of src_len each
+        dims[f"{k}*src_len"] = k * dims["src_len"]
+    memory_len = dims[f"{max(arch.attended_layers)}*src_len" if max(arch.attended_layers) > 1 else "src_len"]
     axes = lambda shape: {i: dims[d] for i, d in enumerate(shape) if isinstance(d, str)}
 
     # Example inputs: batch 3, source length 7, past length 2 (distinct, none 0 or 1).
@@ -286,7 +298,7 @@ def _write_graphs(model: SuperTransformer, arch: Arch, folder: Path, opset: int)
     _export_graph(
         _DecoderStepGraph(model, arch, cross, state),
         (tokens, memory, src_pad, tuple(tensor(e) for e in cross), tuple(tensor(e) for e in state)),
-        ({0: dims["batch"]}, {0: dims["batch"], 1: dims["src_len"]}, {0: dims["batch"], 1: dims["src_len"]},
+        ({0: dims["batch"]}, {0: dims["batch"], 1: memory_len}, {0: dims["batch"], 1: dims["src_len"]},
          tuple(axes(e["shape"]) for e in cross), tuple(axes(e["shape"]) for e in state)),
         ["tokens", "memory", "src_pad", *[e["input"] for e in cross], *[e["input"] for e in state]],
         ["logits", *[e["output"] for e in state]], folder / "decoder_step.onnx", opset)

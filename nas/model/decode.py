@@ -24,7 +24,7 @@ class IncrementalDecoder:
 
     Args:
         model: a supernet or an extracted model.
-        memory: encoder output ``[n, s, C]`` (from ``model.encode``, rows repeated per beam).
+        memory: encoder output ``[n, K*s, C]`` (from ``model.encode`` for ``arch``, rows repeated per beam).
         src_pad: ``[n, s]`` bool, True at padding.
         arch: the sub-Transformer (None: the model's widest).
         max_len: expected target length (tokens), the initial length of the key/value buffers.
@@ -42,8 +42,9 @@ class IncrementalDecoder:
             layer.check_layout(dims)
         self.caches = [LayerCache(max(max_len, 1)) for _ in self.dims]
         self.layers = tuple(model.decoder)  # not model.decoder at every step: Module.__getattr__
-        self.memory = memory  # [n, s, C]
+        self.memory = memory  # [n, K*s, C]
         self.src_pad = src_pad if src_pad is not None and bool(src_pad.any()) else None  # [n, s]
+        self.sources = model.cross_sources(memory, self.src_pad, arch)  # per layer: [n, k*s, C], [n, k*s]
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """The newest tokens of each row ``[n, t]`` (positions ``self.pos .. self.pos + t - 1``; usually
@@ -55,8 +56,8 @@ class IncrementalDecoder:
         """
         model, pos = self.model, self.pos
         x = model.embed_tokens(tokens, model.width_of(self.arch), offset=pos)  # [n, t, C]
-        for layer, dims, cache in zip(self.layers, self.dims, self.caches):
-            x = layer.forward(x, self.memory, dims, self.src_pad, cache=cache)  # no hooks: skip Module.__call__
+        for layer, dims, cache, (mem, pad) in zip(self.layers, self.dims, self.caches, self.sources):
+            x = layer.forward(x, mem, dims, pad, cache=cache)  # no hooks: skip Module.__call__
         self.pos = pos + tokens.size(1)
         return model.output_logits(x[:, -1])  # [n, V]
 
@@ -69,6 +70,7 @@ class IncrementalDecoder:
             self.memory = self.memory.index_select(0, sentences)
             if self.src_pad is not None:
                 self.src_pad = self.src_pad.index_select(0, sentences)
+            self.sources = self.model.cross_sources(self.memory, self.src_pad, self.arch)
 
 
 @torch.inference_mode()  # not only no_grad: no view or version tracking, ~10% faster cached decoding

@@ -294,6 +294,10 @@ class DecoderLayer(_UnifiedLayer):
                 reg: Regularization | None = None, cache: LayerCache | None = None) -> torch.Tensor:
         """``x [b, t, C]``, ``memory [b, s, C]``, ``src_pad [b, s]`` -> ``[b, t, C]``.
 
+        ``memory`` is what the cross-attention attends to: with HAT's arbitrary encoder-decoder attention, the last
+        k encoder outputs concatenated along the source length (``s = k * source length``) and ``src_pad`` repeated
+        k times (:meth:`~nas.model.supernet.SuperTransformer.cross_sources`); the layer itself does not know k.
+
         With ``cache`` (incremental decoding), ``x`` holds only the newest position(s): the
         self-attention and the causal convolution continue from the cached state, the
         cross-attention reuses the memory's keys/values, and the cropped weights are reused.

@@ -207,23 +207,61 @@ class SuperTransformer(nn.Module):
 
     def encode(self, src: torch.Tensor, arch: Arch | None = None,
                reg: Regularization | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encode ``src [b, s]`` -> (``memory [b, s, C]``, ``src_pad [b, s]`` bool, True at padding).
+        """Encode ``src [b, s]`` -> (``memory [b, K*s, C]``, ``src_pad [b, s]`` bool, True at padding).
+
+        ``memory`` is what the decoder's cross-attentions read: the last K encoder layers' outputs concatenated
+        along the source length, K the most any decoder layer of ``arch`` attends to (:attr:`Arch.attended_layers`,
+        HAT sec. 3.1). As HAT's code does (``transformer_super.py``, ``encoder_out_all``), the last layer's output
+        comes first and has the final layer norm; the earlier layers' follow, newest first, as their layers output
+        them (the pre-norm residual stream, no layer norm). With K = 1 (every decoder layer attends to the last
+        encoder layer only) it is the normed last output ``[b, s, C]`` alone.
 
         ``reg``: this call's regularisation (None: none). Raises ValueError as :meth:`check_arch`."""
         arch = self.check_arch(arch)
         src_pad = src.eq(self.pad_id)
         x = self.embed_tokens(src, self.width_of(arch), p=0.0 if reg is None else reg.dropout)
-        for layer, dims in zip(self.encoder, arch.encoder.layer_dims()):
+        depth, sources = arch.encoder.layers, max(arch.attended_layers)
+        earlier = []  # the raw outputs of layers depth-K+1 .. depth-1
+        for i, (layer, dims) in enumerate(zip(self.encoder, arch.encoder.layer_dims())):
             x = layer(x, dims, src_pad, reg)
-        return self._norm(self.encoder_norm, x), src_pad
+            if depth - sources <= i < depth - 1:
+                earlier.append(x)
+        memory = self._norm(self.encoder_norm, x)
+        if earlier:
+            memory = torch.cat([memory, *reversed(earlier)], 1)  # [b, K*s, C]: layer L (normed), L-1, ..., L-K+1
+        return memory, src_pad
+
+    @staticmethod
+    def cross_sources(memory: torch.Tensor, src_pad: torch.Tensor | None,
+                      arch: Arch) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Each decoder layer's cross-attention input: ``(memory[:, :k*s], src_pad repeated k times [b, k*s])``,
+        k its :attr:`Arch.attended_layers` (HAT's ``encoder_padding_mask`` concatenated k times). ``memory
+        [b, K*s, C]`` and ``src_pad [b, s]`` (or None: no padding) are :meth:`encode`'s for the same arch; with
+        K = 1 every layer gets them as they are.
+
+        Raises:
+            ValueError: ``memory``'s length is not K times the source length (encoded for another arch).
+        """
+        ks = arch.attended_layers
+        most = max(ks)
+        s = memory.size(1) // most if src_pad is None else src_pad.size(1)
+        if memory.size(1) != most * s:
+            raise ValueError(f"memory has {memory.size(1)} positions, not {most} encoder outputs of {s} as the arch's "
+                             f"encoder_attention {list(ks)} needs; pass the memory encode() gives for the same arch")
+        if most == 1:
+            return [(memory, src_pad)] * len(ks)
+        per_k = {k: (memory[:, :k * s], None if src_pad is None else src_pad.repeat(1, k)) for k in set(ks)}
+        return [per_k[k] for k in ks]
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
                arch: Arch | None = None, reg: Regularization | None = None) -> torch.Tensor:
-        """Teacher-forced decoding: ``tgt_in [b, t]`` -> logits ``[b, t, V]``; ``reg`` as in :meth:`encode`."""
+        """Teacher-forced decoding: ``tgt_in [b, t]``, :meth:`encode`'s ``memory [b, K*s, C]`` and ``src_pad
+        [b, s]`` -> logits ``[b, t, V]``; ``reg`` as in :meth:`encode`."""
         arch = self.check_arch(arch)
         x = self.embed_tokens(tgt_in, self.width_of(arch), p=0.0 if reg is None else reg.dropout)
-        for layer, dims in zip(self.decoder, arch.decoder.layer_dims()):
-            x = layer(x, memory, dims, src_pad, reg)
+        sources = self.cross_sources(memory, src_pad, arch)
+        for layer, dims, (mem, pad) in zip(self.decoder, arch.decoder.layer_dims(), sources):
+            x = layer(x, mem, dims, pad, reg)
         return self.output_logits(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None,
@@ -246,7 +284,7 @@ class SuperTransformer(nn.Module):
 
         Args:
             tokens: the newest target token per row ``[n, 1]`` (position ``step``).
-            memory, src_pad: from :meth:`encode`, ``[n, s, C]`` and ``[n, s]``.
+            memory, src_pad: from :meth:`encode`, ``[n, K*s, C]`` and ``[n, s]``.
             cache: one dict per decoder layer (start with ``[{} for _ in range(layers)]``),
                 updated in place with self-attention keys/values and the cross-attention's
                 projected memory.
@@ -255,9 +293,10 @@ class SuperTransformer(nn.Module):
         """
         arch = self.check_arch(arch)
         x = self.embed_tokens(tokens, self.width_of(arch), offset=step)
-        for layer, dims, parts in zip(self.decoder, arch.decoder.layer_dims(), cache):
+        sources = self.cross_sources(memory, src_pad, arch)
+        for layer, dims, parts, (mem, pad) in zip(self.decoder, arch.decoder.layer_dims(), cache, sources):
             state = LayerCache.from_dict(parts)
-            x = layer(x, memory, dims, src_pad, cache=state)
+            x = layer(x, mem, dims, pad, cache=state)
             parts.clear()
             parts.update(state.to_dict())
         return self.output_logits(x[:, -1])

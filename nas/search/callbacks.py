@@ -4,7 +4,8 @@ The driver is the only MLflow writer (no "database is locked" with SQLite). Each
 becomes one child run of the sweep's parent run, keyed by its Optuna trial number (tag
 ``nas.optuna_trial``; the current Ray trial id is tag ``nas.trial_id``), and so does each fine-tuned
 one (role ``finetune``, :mod:`nas.search.finetune`); the supernet training is one child run keyed by its
-role. A trial that starts again (a retry, or a re-run after the driver was killed) reuses its run: no
+role. A trial started from a named ``search.points_to_evaluate`` entry is tagged ``nas.point`` with its name.
+A trial that starts again (a retry, or a re-run after the driver was killed) reuses its run: no
 duplicate runs, params logged once, and a run that was FINISHED stays as it is.
 """
 
@@ -19,7 +20,7 @@ from nas.console import make_console
 
 from nas import tracking
 from nas.redact import redact_url
-from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, error_line
+from nas.search.searcher import CONTROL_KEYS, FINISHED_KEY, OPTUNA_TRIAL_KEY, POINT_KEY, error_line
 
 __all__ = ["MlflowTrialCallback"]
 
@@ -92,6 +93,8 @@ class MlflowTrialCallback(Callback):
         number = trial.config.get(OPTUNA_TRIAL_KEY)
         if number is not None:
             key[tracking.TAG_OPTUNA_TRIAL] = tags[tracking.TAG_OPTUNA_TRIAL] = str(number)
+        if trial.config.get(POINT_KEY):  # started from search.points_to_evaluate: the leaderboard marks it
+            tags[tracking.TAG_POINT] = str(trial.config[POINT_KEY])
         params = {**self.params, **config}
         existing = tracking.find_tagged_runs(self.experiment, key)
         if not existing:

@@ -44,7 +44,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.space import SweepSpec
-from nas.space.space import ORDER, SearchSpace, param_label
+from nas.space.space import DECODER_ONLY, ORDER, SearchSpace, param_label
 
 __all__ = ["LEVEL1_SUFFIX", "PREDICTED_METRICS", "gene_choices", "suggest_genes", "level1_directions", "nsga2_sampler",
            "predicted_constraints", "select_level2", "nondominated_fronts", "crowding_distance", "feasible", "tell",
@@ -77,7 +77,7 @@ def gene_choices(space: SearchSpace) -> dict[str, list[Any]]:
         deepest = max(space.layers[stack])
         for name in ORDER:
             values = space.dims[name]
-            if name in space.tie or len(values) < 2:
+            if name in space.tie or len(values) < 2 or (stack == "encoder" and name in DECODER_ONLY):
                 continue
             labels = [param_label(v) for v in values]
             if space.per_layer[name]:

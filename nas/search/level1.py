@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,9 @@ from nas.search.searcher import StudyRef
 from nas.search.stop import fit
 from nas.search.tune import ray_dir, run_config
 from nas.builders import build_space
-from nas.space import SweepSpec
+from nas.space import SearchSpace, SweepSpec
 
-__all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "score_batch", "time_samples"]
+__all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "level2_points", "score_batch", "time_samples"]
 
 console = make_console()
 
@@ -211,11 +211,15 @@ class Level1Result:
     counts: dict[str, int]
     """Candidates by Optuna state."""
     chosen: list[dict[str, Any]]
-    """Optuna parameters (define-by-run, :meth:`SearchSpace.params_of`) of the archs level 2 scores."""
+    """Optuna parameters (define-by-run, :meth:`SearchSpace.params_of`) of the archs level 2 scores: the archs of
+    ``search.points_to_evaluate`` first (:meth:`~nas.space.SearchSpec.arch_points`), then level 1's."""
     wall_s: float
     """Seconds this driver spent in level 1 (predictor included)."""
     predictor: Path | None = None
     """The latency predictor level 1 chose with (level 2 reports each trial's predicted ratio beside its own)."""
+    names: list[str | None] = field(default_factory=list)
+    """Per ``chosen`` entry, the ``points_to_evaluate`` name of a user's arch (the MLflow tag ``nas.point``), None for
+    level 1's choices."""
 
 
 def _logged_generations(parent: str) -> set[int]:
@@ -271,7 +275,9 @@ def _log_generations(spec: SweepSpec, parent: str, logged: set[int]):
 
 def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) -> Level1Result:
     """Fit (or reuse) the latency predictor, run level 1 to ``population x generations`` completed candidates
-    (resuming a killed one) and choose level 2's archs (:func:`select_level2`).
+    (resuming a killed one) and choose level 2's archs: the archs of ``search.points_to_evaluate`` (arch strings and
+    named archs, scored whatever level 1 finds), then level 1's choice (:func:`select_level2`) up to ``search.trials``
+    (:func:`level2_points`).
 
     Raises:
         SweepFailed: every level-1 candidate failed.
@@ -316,8 +322,22 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
                           f"{ray_dir(spec, sweep_id, 'level1-*')}")
     space = build_space(spec)
     chosen = select_level2(trials, spec.search.trials, level1_directions(spec))
-    params = [space.params_of(space.from_params(t.params)) for t in chosen]
-    return Level1Result(counts=counts, chosen=params, wall_s=time.monotonic() - start, predictor=predictor)
+    params, names = level2_points(spec, space, [space.params_of(space.from_params(t.params)) for t in chosen])
+    return Level1Result(counts=counts, chosen=params, wall_s=time.monotonic() - start, predictor=predictor,
+                        names=names)
+
+
+def level2_points(spec: SweepSpec, space: SearchSpace, chosen: list[dict[str, Any]]
+                  ) -> tuple[list[dict[str, Any]], list[str | None]]:
+    """Level 2's points and their names: the archs of ``search.points_to_evaluate`` (:meth:`SearchSpec.arch_points`;
+    the user's designs, which level 2 always scores, named), then the archs of ``chosen`` (level 1's, unnamed) that
+    are not among them, ``search.trials`` in all."""
+    se = spec.search
+    mine = se.arch_points()
+    points = space.point_params([se.points_to_evaluate[i] for i in mine])
+    names: list[str | None] = [se.point_names()[i] for i in mine]
+    rest = [p for p in chosen if p not in points][: max(se.trials - len(points), 0)]
+    return points + rest, names + [None] * len(rest)
 
 
 def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:

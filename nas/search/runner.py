@@ -236,16 +236,17 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
             _log_supernet_files(experiment, parent, supernet_dir, Path(data.root))
             level1_metrics: dict[str, float] = {}
-            points = None
+            points = point_names = None
             if spec.search.method == "evolution":  # two-level search: level 1 chooses level 2's archs
                 from nas.search.level1 import run_level1
 
                 level1 = run_level1(spec, ctx, study, parent, sweep_id)
-                points = level1.chosen
+                points, point_names = level1.chosen, level1.names
                 ctx = dataclasses.replace(ctx, level1_predictor=level1.predictor)
                 level1_metrics = {"level1_candidates": level1.counts.get("COMPLETE", 0),
                                   "level1_failed": level1.counts.get("FAIL", 0), "level1_wall_s": level1.wall_s}
-            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, points=points)
+            completed, failed, errors = _search_stage(spec, ctx, experiment, tags, study, points=points,
+                                                      point_names=point_names)
             finetuned: dict[str, int] = {}
             if completed > 0 and spec.search.finetune is not None:  # ASHA fine-tune of the best sub-Transformers
                 from nas.search.finetune import finetune_counts, run_finetune_stage
@@ -401,19 +402,23 @@ def _log_supernet_files(experiment: str, parent: str, supernet_dir: Path, data_d
 
 
 def _search_stage(spec: SweepSpec, ctx: SweepContext, experiment: str, tags: dict[str, str],
-                  study: StudyRef, points: list[dict[str, Any]] | None = None) -> tuple[int, int, list[tuple[int, str]]]:
+                  study: StudyRef, points: list[dict[str, Any]] | None = None,
+                  point_names: list[str | None] | None = None) -> tuple[int, int, list[tuple[int, str]]]:
     """Score ``search.trials`` sub-Transformers sampled by Optuna; returns (completed, failed, [(number, error)]).
 
-    ``points``: the Optuna parameters of the first trials (default: ``search.points_to_evaluate``); with
-    ``search.method: evolution`` they are level 1's choice (:func:`nas.search.evolution.run_level1`), and the
-    trials they do not cover (level 1 found fewer distinct archs) are drawn at random.
+    ``points``: the Optuna parameters of the first trials (default: ``search.points_to_evaluate``), with their
+    names in ``point_names`` (default: :meth:`~nas.space.SearchSpec.point_names`; None: unnamed), which tag their
+    MLflow runs ``nas.point``; with ``search.method: evolution`` they are the archs of ``points_to_evaluate`` and
+    level 1's choice (:func:`nas.search.level1.run_level1`), and the trials they do not cover (level 1 found fewer
+    distinct archs) are drawn at random.
     """
     se = spec.search
     space = build_space(spec)
     if points is None:
-        points = space.point_params(se.points_to_evaluate)
+        points, point_names = space.point_params(se.points_to_evaluate), se.point_names()
     sampler_spec = se.model_copy(update={"method": "random"}) if se.method == "evolution" else se
-    searcher = DurableOptunaSearch(DefineByRun(space), study, sampler_spec, points=points)
+    searcher = DurableOptunaSearch(DefineByRun(space), study, sampler_spec, points=points,
+                                   point_names=point_names or ())
     callbacks = [OptunaSync(searcher), MlflowTrialCallback(experiment, study.study_name, "trial", tags)]
     trainable = tune.with_resources(tune.with_parameters(score_trial, ctx=ctx),
                                     {"cpu": se.cpu_per_trial, "gpu": se.gpu_per_trial})

@@ -43,7 +43,7 @@ from nas.search.retry import retry_storage
 from nas.space import SearchSpec, SpecError
 
 __all__ = ["DurableOptunaSearch", "OptunaSync", "StudyRef", "study_trials", "OPTUNA_TRIAL_KEY", "FINISHED_KEY",
-           "ERROR_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL"]
+           "ERROR_KEY", "POINT_KEY", "CONTROL_KEYS", "ATTR_ERROR", "ATTR_RAY_TRIAL", "ATTR_POINT"]
 
 OPTUNA_TRIAL_KEY = "optuna_trial"
 """Key of the Optuna trial number in a Ray trial's config (stripped before the arch is built)."""
@@ -52,12 +52,17 @@ FINISHED_KEY = "optuna_finished"
 the Optuna state (``COMPLETE`` or ``FAIL``); the trial replays the stored result or re-raises the error."""
 ERROR_KEY = "optuna_error"
 """Config key: the recorded error of such a ``FAIL`` trial."""
-CONTROL_KEYS = (OPTUNA_TRIAL_KEY, FINISHED_KEY, ERROR_KEY)
+POINT_KEY = "nas_point"
+"""Config key of a trial enqueued from ``search.points_to_evaluate``: the point's name (the MLflow tag ``nas.point``)."""
+CONTROL_KEYS = (OPTUNA_TRIAL_KEY, FINISHED_KEY, ERROR_KEY, POINT_KEY)
 """Config keys that are not arch parameters."""
 ATTR_RAY_TRIAL = "ray_trial_id"
 """Optuna user attribute: the Ray trial id the trial was first asked for."""
 ATTR_ERROR = "error"
 """Optuna user attribute of a failed trial: its exception line."""
+ATTR_POINT = "point"
+"""Optuna user attribute of a trial enqueued from ``search.points_to_evaluate``: the point's name, set when it is
+enqueued, so that it survives a kill between the enqueue and the Ray trial."""
 
 _OPEN = (TrialState.RUNNING, TrialState.WAITING)
 _retried = retry_storage(lambda searcher: searcher.study_ref.location)
@@ -144,6 +149,12 @@ def study_trials(ref: StudyRef) -> list[optuna.trial.FrozenTrial]:
     return ref.load().get_trials(deepcopy=False)
 
 
+def _point_config(user_attrs: dict[str, Any]) -> dict[str, str]:
+    """The :data:`POINT_KEY` config entry of a trial enqueued from a named point (empty for a sampled one)."""
+    name = user_attrs.get(ATTR_POINT)
+    return {POINT_KEY: str(name)} if name else {}
+
+
 class DurableOptunaSearch(Searcher):
     """A Ray Tune searcher over a define-by-run Optuna space whose only state is the Optuna study.
 
@@ -157,12 +168,15 @@ class DurableOptunaSearch(Searcher):
         points: Optuna parameters of the first trials (``search.points_to_evaluate`` resolved by
             :meth:`nas.space.space.SearchSpace.point_params`): trial ``i < len(points)`` is enqueued with
             ``points[i]`` (``study.enqueue_trial``; parameters left out are sampled).
+        point_names: the name of each point (:meth:`nas.space.SearchSpec.point_names`; None: unnamed), kept as the
+            enqueued trial's user attribute :data:`ATTR_POINT` and given to its Ray trial as config key
+            :data:`POINT_KEY` (the callback tags the MLflow run ``nas.point``).
 
     Use it with ``num_samples=-1`` and an :class:`OptunaSync` callback holding the same object.
     """
 
     def __init__(self, space: Callable[[optuna.Trial], Any], study: StudyRef, search: SearchSpec,
-                 points: Sequence[dict[str, Any]] = ()) -> None:
+                 points: Sequence[dict[str, Any]] = (), point_names: Sequence[str | None] = ()) -> None:
         names = [m.name for m in search.metrics]
         modes = ["max" if m.goal == "maximize" else "min" for m in search.metrics]
         super().__init__(metric=names[0] if len(names) == 1 else None, mode=modes[0] if len(modes) == 1 else None)
@@ -171,6 +185,7 @@ class DurableOptunaSearch(Searcher):
         self.directions = ["maximize" if m == "max" else "minimize" for m in modes]
         self.constraints = search.parsed_constraints()
         self.points = [dict(p) for p in points]
+        self.point_names = list(point_names) + [None] * (len(self.points) - len(point_names))
         self._reset()
 
     def _reset(self) -> None:
@@ -188,6 +203,7 @@ class DurableOptunaSearch(Searcher):
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("points", [])  # a tuner.pkl written before points and constraints existed
+        state.setdefault("point_names", [None] * len(state["points"]))
         state.setdefault("constraints", [])
         self.__dict__.update(state)
         self._reset()
@@ -257,7 +273,8 @@ class DurableOptunaSearch(Searcher):
             self._known[trial_id] = frozen.number
             self._live.add(trial_id)
             extra = {ERROR_KEY: str(frozen.user_attrs.get(ATTR_ERROR, ""))} if frozen.state == TrialState.FAIL else {}
-            return {**frozen.params, OPTUNA_TRIAL_KEY: frozen.number, FINISHED_KEY: frozen.state.name, **extra}
+            return {**frozen.params, OPTUNA_TRIAL_KEY: frozen.number, FINISHED_KEY: frozen.state.name, **extra,
+                    **_point_config(frozen.user_attrs)}
         if orphans and orphans[0].state == TrialState.WAITING:  # enqueued just before a kill: ask pops it
             trial = self.study.ask()
         elif orphans:  # asked before a kill, never persisted by Ray: this new Ray trial takes it over
@@ -266,14 +283,15 @@ class DurableOptunaSearch(Searcher):
             return Searcher.FINISHED
         else:
             if len(trials) < len(self.points):  # a starting point: enqueued, then popped by ask
-                self.study.enqueue_trial(self.points[len(trials)])
+                name = self.point_names[len(trials)]
+                self.study.enqueue_trial(self.points[len(trials)], user_attrs={ATTR_POINT: name} if name else None)
             trial = self.study.ask()
         trial.set_user_attr(ATTR_RAY_TRIAL, trial_id)
         self.space(trial)  # on an orphan: returns the params it has, samples those a kill cut short
         number, params = trial.number, dict(trial.params)
         self._known[trial_id] = number
         self._live.add(trial_id)
-        return {**params, OPTUNA_TRIAL_KEY: number}
+        return {**params, OPTUNA_TRIAL_KEY: number, **_point_config(trial.user_attrs)}
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         self._live.discard(trial_id)

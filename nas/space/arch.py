@@ -18,9 +18,10 @@ from nas.errors import ArchError
 
 __all__ = ["Arch", "StackArch", "LayerArch", "DIMENSIONS", "INT_DIMENSIONS", "LAYOUTS", "UNIT_BIASES", "DEPENDENCIES"]
 
-DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels", "units", "unit_bias", "unit_dependency")
+DIMENSIONS = ("width", "ffn_width", "branches", "paths", "layout", "kernels", "units", "unit_bias", "unit_dependency",
+              "encoder_attention")
 """The per-layer choices of a stack, in StackArch field order."""
-INT_DIMENSIONS = ("width", "ffn_width", "branches", "paths", "units")
+INT_DIMENSIONS = ("width", "ffn_width", "branches", "paths", "units", "encoder_attention")
 """Dimensions whose value may not exceed the supernet's."""
 UNIT_BIASES = ("identity", "swap", "disorder", "mask", "mixed")
 """MUTE unit biases (sec. 3.2); ``mixed`` gives units 1, 2, 3, ... swap, disorder, mask in turn."""
@@ -44,6 +45,7 @@ class LayerArch(NamedTuple):
     units: int = 1
     unit_bias: str = "identity"
     unit_dependency: str = "independent"
+    encoder_attention: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class StackArch:
     """Input noise of units 1.. in training (MUTE sec. 3.2): identity, swap, disorder, mask or mixed."""
     unit_dependency: tuple[str, ...] = field(default=())
     """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, with AutoShuffle) unit combination."""
+    encoder_attention: tuple[int, ...] = field(default=())
+    """Decoder layers: how many of the last encoder layers' outputs the cross-attention attends to (HAT sec. 3.1,
+    arbitrary encoder-decoder attention; no parameters); empty means 1, the last only. Always 1 in an encoder."""
 
     def __post_init__(self) -> None:
         n = len(self.width)
@@ -84,6 +89,7 @@ class StackArch:
         object.__setattr__(self, "units", tuple(int(u) for u in self.units) or (1,) * n)
         object.__setattr__(self, "unit_bias", tuple(str(b) for b in self.unit_bias) or ("identity",) * n)
         object.__setattr__(self, "unit_dependency", tuple(str(d) for d in self.unit_dependency) or ("independent",) * n)
+        object.__setattr__(self, "encoder_attention", tuple(int(k) for k in self.encoder_attention) or (1,) * n)
         lengths = {name: len(getattr(self, name)) for name in DIMENSIONS}
         if len(set(lengths.values())) != 1:
             raise ArchError(f"StackArch tuples differ in length: {lengths}; give one value per layer")
@@ -114,8 +120,12 @@ class StackArch:
         return len(self.width)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the per-layer tuples; ``encoder_attention`` only when a layer's is not 1, so that an
+        arch without the choice keeps the dict (and :attr:`Arch.arch_id`) it had before the choice existed."""
         d = {name: list(getattr(self, name)) for name in DIMENSIONS}
         d["kernels"] = [list(ks) for ks in self.kernels]
+        if all(k == 1 for k in self.encoder_attention):
+            del d["encoder_attention"]
         return d
 
     def layer_dims(self) -> list[LayerArch]:
@@ -123,13 +133,14 @@ class StackArch:
         return [LayerArch(*values) for values in zip(*(getattr(self, name) for name in DIMENSIONS))]
 
     def summary(self) -> str:
-        """One token per layer: ``width/ffn_width``, ``xN`` for N branches, ``pN`` for N paths,
-        ``P`` for a Prime layer with its kernels (``P3,15``; ``P-`` for Prime-simple), ``uN`` for
-        N units with their bias and ``-seq`` for sequential dependency."""
+        """One token per layer: ``width/ffn_width``, ``xN`` for N branches, ``pN`` for N paths, ``eN`` for
+        cross-attention to the last N encoder layers, ``P`` for a Prime layer with its kernels (``P3,15``; ``P-``
+        for Prime-simple), ``uN`` for N units with their bias and ``-seq`` for sequential dependency."""
         cells = []
         for d in self.layer_dims():
             cell = f"{d.width}/{d.ffn_width}" + (f"x{d.branches}" if d.branches > 1 else "")
             cell += f"p{d.paths}" if d.paths > 1 else ""
+            cell += f"e{d.encoder_attention}" if d.encoder_attention > 1 else ""
             if d.layout == "prime":
                 cell += "P" + (",".join(map(str, d.kernels)) or "-")
             if d.units > 1:
@@ -139,18 +150,19 @@ class StackArch:
         return " ".join(cells)
 
 
-_EXAMPLE = "e.g. 'enc[128/256 128/256] dec[128/256]' or 'C64 enc[64/256x2 64/256P3,7] dec[64/256u2-swap-seq]'"
+_EXAMPLE = ("e.g. 'enc[128/256 128/256] dec[128/256]' or "
+            "'C64 enc[64/256x2 64/256P3,7] dec[64/256e2 64/256u2-swap-seq]'")
 """Valid :meth:`Arch.summary` strings, shown by every :meth:`Arch.parse` error."""
 _MODEL_WIDTH = re.compile(r"\s*C(\d+)(?!\S)")
 """The optional model width token of a summary (``C64``), before ``enc[``."""
 _STACK = {name: re.compile(rf"\s*{name}\s*\[([^\[\]]*)\]") for name in ("enc", "dec")}
 """A stack of a summary: ``enc[<cells>]`` or ``dec[<cells>]`` (group 1: the cells)."""
 _CELL = re.compile(r"(?P<width>\d+)/(?P<ffn>\d+)(?:x(?P<branches>\d+))?(?:p(?P<paths>\d+))?"
-                   r"(?:P(?P<kernels>-|\d+(?:,\d+)*))?"
+                   r"(?:e(?P<encoder_attention>\d+))?(?:P(?P<kernels>-|\d+(?:,\d+)*))?"
                    r"(?:u(?P<units>\d+)(?:-(?P<bias>" + "|".join(UNIT_BIASES) + r"))?(?P<seq>-seq)?)?")
 """One layer of :meth:`StackArch.summary`."""
-_CELL_FORM = ("'width/ffn_width' with optional xN (branches), pN (paths), P<kernels> or P- (Prime), "
-              "uN[-bias][-seq] (units)")
+_CELL_FORM = ("'width/ffn_width' with optional xN (branches), pN (paths), eN (encoder layers attended), "
+              "P<kernels> or P- (Prime), uN[-bias][-seq] (units)")
 
 
 def _first_token(text: str) -> str:
@@ -178,7 +190,8 @@ def _cell_problem(cell: str, m: re.Match[str] | None) -> str | None:
     if m is None:
         return f"layer {cell!r} is not {_CELL_FORM}"
     for key, mark, meaning in (("width", "", "width"), ("ffn", "/", "ffn_width"), ("branches", "x", "branches"),
-                               ("paths", "p", "paths"), ("units", "u", "units")):
+                               ("paths", "p", "paths"), ("encoder_attention", "e", "encoder_attention"),
+                               ("units", "u", "units")):
         if m[key] is not None and int(m[key]) < 1:
             return f"layer {cell!r}: {mark}{m[key]} ({meaning}) must be >= 1"
     kernels = m["kernels"] if m["kernels"] not in (None, "-") else ""
@@ -208,7 +221,8 @@ def _parse_stack(text: str, name: str, cells: str) -> StackArch:
                  for m in layers],
         units=[int(m["units"] or 1) for m in layers],
         unit_bias=[m["bias"] or "identity" for m in layers],
-        unit_dependency=["sequential" if m["seq"] else "independent" for m in layers])
+        unit_dependency=["sequential" if m["seq"] else "independent" for m in layers],
+        encoder_attention=[int(m["encoder_attention"] or 1) for m in layers])
 
 
 @dataclass(frozen=True)
@@ -231,6 +245,16 @@ class Arch:
             object.__setattr__(self, "model_width", int(self.model_width))
             if self.model_width < 1:
                 raise ArchError(f"model_width={self.model_width} must be >= 1")
+        if any(k != 1 for k in self.encoder.encoder_attention):
+            raise ArchError(f"arch.encoder.encoder_attention={list(self.encoder.encoder_attention)}: only decoder "
+                            f"layers attend to encoder layers; leave it out of the encoder (or give 1 per layer)")
+
+    @property
+    def attended_layers(self) -> tuple[int, ...]:
+        """Per decoder layer, how many encoder outputs its cross-attention reads: ``decoder.encoder_attention``
+        clamped to the encoder's depth (HAT sec. 3.1; a choice above the depth attends to every encoder layer, as
+        one equal to it does, so that the space can offer k independently of the sampled encoder depth)."""
+        return tuple(min(k, self.encoder.layers) for k in self.decoder.encoder_attention)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready nested dict; inverse of :meth:`from_dict` (``model_width`` only when set)."""

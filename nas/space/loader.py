@@ -1,5 +1,6 @@
 """Reading a sweep YAML from disk: duplicate keys, ``${VAR}`` interpolation, validation, and the checks that
-need more than the YAML (data files, ``points_to_evaluate`` against the space, the latency predictor file).
+need more than the YAML (the point files of ``points_to_evaluate``, its points against the space, data files, the
+latency predictor file).
 
 This is the top of the spec layer: it imports the schema, the search space and the torch-free file checks,
 and nothing imports it back inside ``nas.space``. No torch, Ray, Optuna or MLflow.
@@ -19,7 +20,8 @@ from nas.space.datafiles import check_data_files
 from nas.space.errors import SpecError, format_validation_error, key_path
 from nas.space.predictor_file import read_predictor_meta, workload_mismatch, workload_of, workload_tag
 from nas.space.rebase import rebase_paths
-from nas.space.schema import REDACTED, SweepSpec
+from nas.space.schema import REDACTED, REFERENCE_POINTS, ArchPoint, SweepSpec
+from nas.space.schema.points import POINT_EXAMPLE, named_arch_problem
 from nas.space.space import SearchSpace
 
 __all__ = ["apply_overrides", "load_spec", "parse_spec"]
@@ -152,7 +154,8 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
     Raises:
         SpecError: unreadable file, malformed YAML (with the line number), a ``${VAR}`` whose variable is not
             set, an unknown key
-            (with a suggestion), a duplicated key, a wrong type, an impossible space, or
+            (with a suggestion), a duplicated key, a wrong type, an impossible space, a point file of
+            ``search.points_to_evaluate`` that is missing or malformed, an arch of it outside the space, or
             (``check_files``) a data file that is missing, a folder, unreadable, not gzip/UTF-8 text
             or empty, or source and target files of a split with different line counts; or
             (``check_predictor``, default ``check_files``) a ``search.latency_predictor`` that is missing or
@@ -162,6 +165,10 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
     ``overrides``: ``KEY.PATH=VALUE`` items (``nas sweep FILE --set train.steps=2``) applied to the YAML before
     validation (:func:`apply_overrides`); the spec then keeps the effective YAML (:meth:`SweepSpec.yaml_text`),
     which the sweep saves as its copy, so ``--resume`` continues with the same values.
+
+    ``search.points_to_evaluate`` entries ``{file: FILE}`` are replaced by the file's named archs (a relative FILE is
+    read from the sweep YAML's folder, :func:`_read_point_files`); the effective YAML then holds the archs, so a
+    resumed sweep scores the archs it started with.
 
     ``base_dir``: the folder that relative paths (data files, ``workdir``, ``data.cache_dir``, ...) are relative to,
     default the current one (:func:`nas.space.rebase.rebase_paths`).
@@ -184,7 +191,12 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
         if not isinstance(raw, dict):
             raise SpecError(f"{path}: the top level must be a mapping of keys (name, data, supernet, ...)")
         raw = apply_overrides(raw, overrides, str(path))
-        source_text = (f"# {path} with --set {' --set '.join(overrides)}\n"
+    raw, origins = _read_point_files(raw, path, str(path))
+    if overrides or origins:
+        changes = ([f"--set {' --set '.join(overrides)}"] if overrides else []) + \
+            ([f"search.points_to_evaluate's files ({', '.join(sorted({str(f) for _, f, _ in origins.values()}))}) "
+              f"inlined"] if origins else [])
+        source_text = (f"# {path} with {' and '.join(changes)}\n"
                        + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
     secrets: dict[tuple[str, ...], tuple[str, frozenset[str]]] = {}
     raw = _interpolate(raw, (), secrets, str(path))
@@ -192,7 +204,7 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
         raw = rebase_paths(raw, Path(base_dir), SweepSpec)
     source = f"{path} (with --set {', '.join(overrides)})" if overrides else str(path)
     spec = parse_spec(raw, source).keep_secrets(secrets).keep_source(source_text)
-    _check_points(spec, str(path))
+    _check_points(spec, str(path), origins)
     if check_files:
         check_data_files(spec, str(path))
     if check_files if check_predictor is None else check_predictor:
@@ -200,18 +212,113 @@ def load_spec(path: str | Path, *, check_files: bool = True, check_predictor: bo
     return spec
 
 
-def _check_points(spec: SweepSpec, source: str) -> None:
-    """Every ``search.points_to_evaluate`` mapping names parameters of this space with allowed values.
+POINT_FILE_KEY = "file"
+"""The key of a ``search.points_to_evaluate`` entry that names a point file (``{file: baselines.yaml}``)."""
+
+
+def _read_point_files(raw: Any, path: Path, source: str) -> tuple[Any, dict[int, tuple[int, Path, str]]]:
+    """``raw`` with each ``{file: FILE}`` entry of ``search.points_to_evaluate`` replaced by the file's named archs,
+    ``{name: NAME, arch: ARCH}`` in the file's order (a YAML mapping of names to arch strings; a relative FILE is
+    read from the folder of the sweep YAML ``path``; ``${VAR}`` in it is substituted), and where each such entry
+    came from: its index in the new list -> (the index of the ``file`` entry in the YAML, the file, the name).
+    ``raw`` itself is not changed.
 
     Raises:
-        SpecError: naming the point's index and the parameter.
+        SpecError: an entry with other keys than ``file``; a point file that is missing, unreadable, not YAML,
+            not a non-empty mapping, or with a malformed name or arch (names the key path, the file and the fix).
+    """
+    points = raw.get("search", {}).get("points_to_evaluate") if isinstance(raw, dict) and \
+        isinstance(raw.get("search"), dict) else None
+    if not isinstance(points, list) or not any(isinstance(p, dict) and POINT_FILE_KEY in p for p in points):
+        return raw, {}
+    out: list[Any] = []
+    origins: dict[int, tuple[int, Path, str]] = {}
+    for i, point in enumerate(points):
+        if not (isinstance(point, dict) and POINT_FILE_KEY in point):
+            out.append(point)
+            continue
+        where = f"{source}: search.points_to_evaluate.{i}"
+        if set(point) != {POINT_FILE_KEY} or not isinstance(point[POINT_FILE_KEY], str):
+            raise SpecError(f"{where}: a point file entry is {{file: FILE.yaml}} alone (a path, relative to "
+                            f"{path.parent}), got {point!r}")
+        name = _interpolate(point[POINT_FILE_KEY], ("search", "points_to_evaluate", i, POINT_FILE_KEY), {}, source)
+        file = Path(name).expanduser()
+        file = file if file.is_absolute() else path.parent / file
+        try:
+            named = _point_file_archs(file)
+        except ValueError as e:
+            raise SpecError(f"{where}: {e}") from None
+        for entry in named:
+            origins[len(out)] = (i, file, entry["name"])
+            out.append(entry)
+    search = {**raw["search"], "points_to_evaluate": out}
+    return {**raw, "search": search}, origins
+
+
+def _point_file_archs(path: Path) -> list[dict[str, str]]:
+    """The named archs of a point file, in its order, as ``{name, arch}`` entries: a YAML mapping of names to arch
+    strings (``tiny: "enc[128/256 128/256] dec[128/256 128/256]"``).
+
+    Raises:
+        ValueError: the file is missing or unreadable, not YAML, not a non-empty mapping, or a name or an arch is
+            malformed (names the file, the entry and the fix).
+    """
+    fix = f"write it as NAME: ARCH lines, e.g. tiny: {POINT_EXAMPLE}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"point file not found: {path} (a relative path is read from the sweep YAML's folder); "
+                         f"fix the path, or create the file and {fix}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read point file {path}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a name given twice is an error, not the last one kept
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}:" if mark else ""
+        raise ValueError(f"point file {path}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"point file {path} holds no named archs; {fix}")
+    points = []
+    for name, arch in raw.items():
+        why = named_arch_problem(name, arch)
+        if why is not None:
+            raise ValueError(f"point file {path}: {name}: {why}")
+        points.append({"name": name, "arch": arch})
+    return points
+
+
+def _check_points(spec: SweepSpec, source: str, origins: dict[int, tuple[int, Path, str]] | None = None) -> None:
+    """Every ``search.points_to_evaluate`` entry lies in this space: a mapping names parameters of the space with
+    allowed values, an arch (a string or a named one, maybe from a point file: ``origins``, index -> (the YAML's
+    index, file, name), :func:`_read_point_files`) is an arch of the space (:meth:`SearchSpace.arch_point_params`).
+
+    Raises:
+        SpecError: naming the point's index (and file and name), the choice outside the space and the fix.
     """
     space = SearchSpace.from_spec(spec)
+    origins = origins or {}
     for i, point in enumerate(spec.search.points_to_evaluate):
         if isinstance(point, dict):
             why = space.check_params(point)
             if why is not None:
                 raise SpecError(f"{source}: search.points_to_evaluate.{i}: {why}")
+            continue
+        if isinstance(point, str) and point in REFERENCE_POINTS:
+            continue
+        try:
+            space.point_params([point])
+        except ValueError as e:
+            name, index = (point.name if isinstance(point, ArchPoint) else None), i
+            if i in origins:
+                index, file, name = origins[i]
+                where, fix = f"{name} of point file {file}", f"fix or remove {name} in {file}"
+            else:
+                where, fix = (f"arch {name!r}" if name else "the arch"), "fix or remove the point"
+            arch = point.arch if isinstance(point, ArchPoint) else point
+            raise SpecError(f"{source}: search.points_to_evaluate.{index}: {where} ({arch}) is outside the space: {e}; "
+                            f"{fix}, or widen space.* to hold it (nas space show {source} lists the choices)") \
+                from None
 
 
 def _check_latency_predictor(spec: SweepSpec, source: str) -> None:

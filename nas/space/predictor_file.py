@@ -22,8 +22,8 @@ from typing import Any, Mapping
 
 from nas.errors import PredictorFileError
 
-__all__ = ["STACK_FEATURES", "FEATURE_NAMES", "PREDICTOR_FORMAT", "WORKLOAD_KEYS", "read_predictor_meta",
-           "workload_of", "workload_tag", "workload_mismatch"]
+__all__ = ["STACK_FEATURES", "FEATURE_NAMES", "FEATURE_NAMES_BEFORE_ENCODER_ATTENTION", "PREDICTOR_FORMAT",
+           "WORKLOAD_KEYS", "read_predictor_meta", "workload_of", "workload_tag", "workload_mismatch"]
 
 STACK_FEATURES = (
     "layers",
@@ -42,6 +42,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     *(f"encoder.{name}" for name in STACK_FEATURES),
     *(f"decoder.{name}" for name in STACK_FEATURES),
     "model_width",
+    "decoder.encoder_attention_sum",
 )
 """Names of :func:`nas.eval.latency.arch_features`' entries, in order (a saved predictor checks them on load).
 
@@ -50,7 +51,13 @@ Per stack: ``layers``; mean and sum over layers of ``width`` (D_l, channels), ``
 ``kernel_taps`` (sum of all kernel sizes of all Prime layers); ``sequential_dependency_layers``
 (layers whose MUTE units are chained); ``attention_work`` = sum_l D_l * branches_l * paths_l
 * units_l and ``ffn_work`` = sum_l F_l * paths_l * units_l (channels; the widths the layer's
-matrix products actually run at). Last: ``model_width`` C (channels)."""
+matrix products actually run at). Then ``model_width`` C (channels), and ``decoder.encoder_attention_sum``, the sum
+over decoder layers of the encoder layers each cross-attention attends to (HAT sec. 3.1, clamped to the encoder's
+depth: :attr:`~nas.space.arch.Arch.attended_layers`; HAT's predictor takes their mean, here the number of layers is
+a feature of its own)."""
+FEATURE_NAMES_BEFORE_ENCODER_ATTENTION: tuple[str, ...] = FEATURE_NAMES[:-1]
+"""The features of a predictor fitted before ``encoder_attention`` existed: it still loads, and predicts archs whose
+decoder layers all attend to the last encoder layer only (:class:`~nas.eval.latency.LatencyPredictor`)."""
 PREDICTOR_FORMAT = "nas-latency-predictor/2"
 """``format`` key of the JSON sidecar. Version 2 predicts the log latency ratio to the reference arch, measured
 interleaved with it; version 1 (log milliseconds of arch and reference timed apart) is refused, to be refit."""
@@ -111,7 +118,7 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
     """The sidecar of the predictor whose weights are ``path`` (``path`` with suffix ``.json``), checked.
 
     Checks: the sidecar is JSON with :data:`PREDICTOR_FORMAT`, the predictor was fitted on this version's
-    :data:`FEATURE_NAMES` (same names, same order), it names the latency workload it was timed on (a predictor
+    :data:`FEATURE_NAMES` (same names, same order; or :data:`FEATURE_NAMES_BEFORE_ENCODER_ATTENTION`), it names the latency workload it was timed on (a predictor
     fitted before ``latency_ms`` became the fixed workload has none), it has every key a predictor needs, and the
     weights file has a safetensors header.
 
@@ -142,7 +149,7 @@ def read_predictor_meta(path: str | Path) -> dict[str, Any]:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise PredictorFileError(f"{sidecar} has format {found!r}, expected {PREDICTOR_FORMAT!r}")
     names = meta.get("feature_names")
-    if names != list(FEATURE_NAMES):
+    if names not in (list(FEATURE_NAMES), list(FEATURE_NAMES_BEFORE_ENCODER_ATTENTION)):
         missing = [n for n in FEATURE_NAMES if n not in (names or [])]
         extra = [n for n in (names or []) if n not in FEATURE_NAMES]
         raise PredictorFileError(f"predictor {path} was fitted on features {names}; this version computes "

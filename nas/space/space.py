@@ -12,18 +12,22 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from nas.space.arch import LAYOUTS, Arch, StackArch
 from nas.space.params import ModelSizes, arch_params
-from nas.space.schema import Dimension, SweepSpec
+from nas.space.schema import ArchPoint, Dimension, SweepSpec
 
 if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
     import optuna
 
 __all__ = ["SearchSpace"]
 
-ORDER = ("layout", "units", "width", "ffn_width", "branches", "paths", "kernels", "unit_bias", "unit_dependency")
+ORDER = ("layout", "units", "width", "ffn_width", "branches", "paths", "kernels", "unit_bias", "unit_dependency",
+         "encoder_attention")
 """Per-layer choices in the order they are made (a condition refers to an earlier one)."""
 INACTIVE = {"branches": 1, "paths": 1, "layout": "sequential", "kernels": (), "units": 1, "unit_bias": "identity",
-            "unit_dependency": "independent"}
+            "unit_dependency": "independent", "encoder_attention": 1}
 """The value a conditional dimension takes where its ``when`` does not hold."""
+DECODER_ONLY = ("encoder_attention",)
+"""Dimensions only decoder layers choose (HAT's arbitrary encoder-decoder attention); encoder layers take their
+:data:`INACTIVE` value and Optuna is never asked for ``encoder.<name>``."""
 
 
 STRING_DIMENSIONS = ("layout", "unit_bias", "unit_dependency")
@@ -109,6 +113,7 @@ class SearchSpace:
             "units": Dimension(values=[sn.units or 1]),
             "unit_bias": _unit_bias(spec),
             "unit_dependency": Dimension(values=["independent"]),
+            "encoder_attention": Dimension(values=[1]),
         }
         dims = {n: tied.get(n) or getattr(sp, n) or defaults[n] for n in ORDER}
         layers = {
@@ -127,7 +132,8 @@ class SearchSpace:
 
     def supernet_maxima(self, spec: SweepSpec) -> Arch:
         """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN,
-        most branches and paths, the layouts it supports and its kernel sizes."""
+        most branches and paths, the layouts it supports and its kernel sizes; in the decoder the most encoder
+        layers attended (no parameters: the bound :meth:`Arch.check_within` holds sub-Transformers to)."""
         sn = spec.supernet
         ffn = sn.ffn_width or max(self.dims["ffn_width"])
         branches = sn.branches or max(self.dims["branches"])
@@ -137,7 +143,9 @@ class SearchSpace:
         units = sn.units or max(self.dims["units"])
         stack = lambda n: StackArch((sn.model_dim,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n,
                                     (kernels,) * n, (units,) * n)
-        return Arch(stack(sn.encoder_layers), stack(sn.decoder_layers))
+        decoder = dataclasses.replace(stack(sn.decoder_layers),
+                                      encoder_attention=(max(self.dims["encoder_attention"]),) * sn.decoder_layers)
+        return Arch(stack(sn.encoder_layers), decoder)
 
     def _active(self, name: str, layer: dict[str, Any]) -> bool:
         cond = self.when[name]
@@ -161,7 +169,7 @@ class SearchSpace:
                 for name in ORDER:
                     if name in self.tie:
                         layer[name] = model_width * self.tie[name]
-                    elif not self._active(name, layer):
+                    elif (stack == "encoder" and name in DECODER_ONLY) or not self._active(name, layer):
                         layer[name] = INACTIVE[name]
                     elif self.per_layer[name]:
                         layer[name] = pick(f"{stack}.{name}.{i}", self.dims[name])
@@ -418,13 +426,70 @@ class SearchSpace:
                 return f"{name}: {value!r} is not one of the choices {labels}"
         return None
 
-    def point_params(self, points: Sequence[str | Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """Optuna parameters of ``search.points_to_evaluate``: ``widest``/``narrowest``/``middle`` become
-        the full parameters of that reference sub-Transformer, a mapping is kept as it is (validate it with
-        :meth:`check_params`)."""
+    def point_params(self, points: Sequence[str | ArchPoint | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Optuna parameters of ``search.points_to_evaluate`` (:mod:`nas.space.schema.points`): ``widest``/
+        ``narrowest``/``middle`` become the full parameters of that reference sub-Transformer, an arch string
+        (``enc[128/256 128/256] dec[128/256]``) or an :class:`~nas.space.schema.ArchPoint` the full parameters of
+        its arch (:meth:`arch_point_params`), a mapping is kept as it is (validate it with :meth:`check_params`).
+
+        Raises:
+            ValueError: an arch that is not in this space (names the first choice outside it); ArchError: an arch
+                string that does not parse.
+        """
         refs = {"widest": self.widest, "narrowest": self.narrowest, "middle": self.middle}
-        return [self.params_of(refs[p]()) if isinstance(p, str)
-                else {name: _point_value(v, self._labels(name)) for name, v in p.items()} for p in points]
+
+        def params(point: str | ArchPoint | Mapping[str, Any]) -> dict[str, Any]:
+            if isinstance(point, ArchPoint):
+                return self.arch_point_params(point.parsed())
+            if isinstance(point, str):
+                return self.params_of(refs[point]()) if point in refs else self.arch_point_params(Arch.parse(point))
+            return {name: _point_value(v, self._labels(name)) for name, v in point.items()}
+
+        return [params(p) for p in points]
+
+    def arch_point_params(self, arch: Arch) -> dict[str, Any]:
+        """The Optuna parameters of ``arch`` (:meth:`params_of`), checked to rebuild exactly ``arch``
+        (:meth:`from_params`): a hand-written arch must lie inside the space, including the choices the space fixes
+        (one value, a tied width, a per-stack choice, a choice its condition switches off).
+
+        Raises:
+            ValueError: ``arch`` is not in this space; names the first choice outside it and what the space allows.
+        """
+        params = self.params_of(arch)
+        rebuilt = self.from_params(params)
+        if rebuilt != arch:
+            raise ValueError(self._outside(arch, rebuilt))
+        return params
+
+    def _outside(self, arch: Arch, inside: Arch) -> str:
+        """Why ``arch`` is not in the space: its first choice that differs from ``inside``, the arch of the space
+        with the same Optuna parameters."""
+        if arch.model_width != inside.model_width:
+            if inside.model_width is None:
+                return (f"model_width={arch.model_width}: this space has no model_width choice (space.model_width is "
+                        f"not set; drop the 'C{arch.model_width}' token)")
+            return f"model_width={arch.model_width}: this space fixes model_width at {inside.model_width}"
+        for stack in ("encoder", "decoder"):
+            ours, theirs = getattr(arch, stack), getattr(inside, stack)
+            for f in dataclasses.fields(ours):
+                for i, (v, w) in enumerate(zip(getattr(ours, f.name), getattr(theirs, f.name))):
+                    if v != w:
+                        return f"{stack}.{f.name}.{i}={_label(v)!r}: {self._fixed_why(f.name, _label(w))}"
+        return f"{arch.summary()} is not an arch of this space"
+
+    def _fixed_why(self, dim: str, value: Any) -> str:
+        """What the space has where a hand-written arch differs from it (``value``, the space's label), and why."""
+        if dim in self.tie:
+            return f"{dim} is tied to model_width in this space ({self.tie[dim]} x model_width = {value!r})"
+        values = [_label(v) for v in self.dims.get(dim, ())]
+        if len(values) <= 1:
+            return f"this space fixes {dim} at {value!r}"
+        if self.when.get(dim) and value == _label(INACTIVE.get(dim)):
+            cond = self.when[dim]
+            return f"{dim} is chosen only where {cond[0]} is {cond[1]}, elsewhere it is {value!r}"
+        if not self.per_layer.get(dim, True):
+            return f"this space chooses {dim} once per stack, and layer 0 has {value!r}"
+        return f"not one of this space's choices {values} (the space gives {value!r})"
 
     def _labels(self, name: str) -> list[Any]:
         """The Optuna labels of parameter ``name`` (``encoder.kernels.0`` -> ``["3", "3,15", ...]``)."""
@@ -433,9 +498,10 @@ class SearchSpace:
             self.layers[name.split(".")[0]] if dim == "layers" else self.dims.get(dim, ()))
         return [_label(v) for v in values]
 
-    def _layer_count(self) -> int:
-        """Distinct choices of one layer from its per-layer dimensions (exact with conditions)."""
-        per = [n for n in ORDER if self.per_layer[n] and n not in self.tie]
+    def _layer_count(self, stack: str) -> int:
+        """Distinct choices of one layer of ``stack`` from its per-layer dimensions (exact with conditions)."""
+        per = [n for n in ORDER if self.per_layer[n] and n not in self.tie
+               and not (stack == "encoder" and n in DECODER_ONLY)]
         referenced = sorted({self.when[n][0] for n in per if self.when[n]})
         total = 0
         for combo in itertools.product(*(self.dims[r] for r in referenced)):
@@ -450,9 +516,10 @@ class SearchSpace:
     def size(self) -> int:
         """Number of sub-Transformers in the space (per-stack conditional choices counted as if active)."""
         total = len(self.model_widths)
-        per_layer = self._layer_count()
-        per_stack = math.prod(len(self.dims[n]) for n in ORDER if not self.per_layer[n] and n not in self.tie)
         for stack in ("encoder", "decoder"):
+            per_layer = self._layer_count(stack)
+            per_stack = math.prod(len(self.dims[n]) for n in ORDER if not self.per_layer[n] and n not in self.tie
+                                  and not (stack == "encoder" and n in DECODER_ONLY))
             total *= sum(per_stack * per_layer ** n for n in self.layers[stack])
         return total
 
@@ -471,7 +538,8 @@ class SearchSpace:
                 continue
             cond = f", when {self.when[name][0]}={self.when[name][1]}" if self.when[name] else ""
             values = [list(v) if isinstance(v, tuple) else v for v in self.dims[name]]
-            rows.append((name, str(values), ("per layer" if self.per_layer[name] else "per stack") + cond))
+            scope = ("per layer" if self.per_layer[name] else "per stack") + cond
+            rows.append((name, str(values), scope.replace("per ", "per decoder ", 1) if name in DECODER_ONLY else scope))
         return rows
 
 

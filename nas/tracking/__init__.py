@@ -33,7 +33,8 @@ from nas.lazy import lazy_exports
 _MODULES = {
     "layout": ("tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
                "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
-               "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR", "PARAM_CONSTRAINTS"),
+               "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR", "TAG_POINT",
+               "PARAM_CONSTRAINTS"),
     "runs": ("get_client", "ensure_experiment", "flatten", "start_run", "log_metrics", "log_json_artifact",
              "log_file_artifact", "end_run", "StageRuns", "find_tagged_runs", "log_new_params", "reopen_run",
              "end_stale_runs", "find_runs", "resolve_run_id", "require_store"),
@@ -42,7 +43,7 @@ _MODULES = {
     "rows": ("LeaderboardRow",),
     "pareto": ("Objective", "DEFAULT_OBJECTIVES", "parse_objectives", "pareto_mask"),
     "query": ("LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
-              "pareto_scan", "best_trial", "with_retrained"),
+              "pareto_scan", "best_trial", "with_retrained", "points_below"),
     "sweeps": ("find_sweep_run", "sweep_constraints", "sweep_objectives", "constraints_by_sweep",
                "describe_constraints", "latest_experiment"),
     "writers": ("leaderboard_table", "write_leaderboard"),
@@ -55,25 +56,26 @@ __all__ = ["latest_experiment", "require_store", "Board", "ranked_rows", "empty_
     "PARAM_CONSTRAINTS", "SUPERNET_ARTIFACTS", "log_supernet_files", "trial_model_files",
     "ParetoScan", "STAGE_NAMES", "StageRuns", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY", "TAG_ERROR",
     "TAG_OBJECTIVES", "TAG_OPTUNA_STORAGE", "TAG_OPTUNA_TRIAL", "TAG_PARENT", "TAG_ROLE", "TAG_STAGE", "TAG_STUDY_NAME", "TAG_SWEEP_ID",
-    "TAG_TRIAL_ID", "best_trial", "constraints_by_sweep", "describe_constraints", "end_run", "end_stale_runs",
+    "TAG_TRIAL_ID", "TAG_POINT", "best_trial", "constraints_by_sweep", "describe_constraints", "end_run", "end_stale_runs",
     "ensure_experiment", "find_runs", "find_sweep_run", "find_tagged_runs", "flatten", "get_client",
     "iter_leaderboard_rows", "leaderboard", "leaderboard_table",
     "log_file_artifact", "log_json_artifact", "log_metrics", "log_new_params", "pareto_mask", "pareto_scan",
     "parse_objectives", "parse_where", "reopen_run", "start_run", "sweep_constraints", "sweep_objectives",
     "tracking_uri", "write_leaderboard", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR", "RETRAIN_ARTIFACTS",
-    "log_retrain_files", "retrained_model_files", "model_run_problem", "with_retrained", "resolve_run_id"]
+    "log_retrain_files", "retrained_model_files", "model_run_problem", "with_retrained", "resolve_run_id",
+    "points_below"]
 
 if TYPE_CHECKING:
     from nas.tracking.layout import (PARAM_CONSTRAINTS, STAGE_NAMES, TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ERROR,
                                      TAG_OBJECTIVES, TAG_OPTUNA_STORAGE, TAG_OPTUNA_TRIAL, TAG_PARENT, TAG_ROLE,
-                                     TAG_RETRAIN_DIR, TAG_SOURCE_RUN, TAG_STAGE, TAG_STUDY_NAME, TAG_SWEEP_ID,
-                                     TAG_TRIAL_ID, tracking_uri)
+                                     TAG_POINT, TAG_RETRAIN_DIR, TAG_SOURCE_RUN, TAG_STAGE, TAG_STUDY_NAME,
+                                     TAG_SWEEP_ID, TAG_TRIAL_ID, tracking_uri)
     from nas.tracking.model_files import (RETRAIN_ARTIFACTS, SUPERNET_ARTIFACTS, ModelFiles, log_retrain_files,
                                           log_supernet_files, model_run_problem, retrained_model_files,
                                           trial_model_files)
     from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, parse_objectives, pareto_mask
     from nas.tracking.query import (LEADERBOARD_STATUSES, ParetoScan, best_trial, iter_leaderboard_rows,
-                                    leaderboard, pareto_scan, parse_where, with_retrained)
+                                    leaderboard, pareto_scan, parse_where, points_below, with_retrained)
     from nas.tracking.rows import LeaderboardRow
     from nas.tracking.runs import (StageRuns, end_run, end_stale_runs, ensure_experiment, find_runs,
                                    find_tagged_runs, flatten, get_client, log_file_artifact, log_json_artifact,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from nas.errors import NotFoundError
 from nas.tracking.layout import TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, parse_objectives
-from nas.tracking.query import ParetoScan, leaderboard, pareto_scan, with_retrained
+from nas.tracking.query import ParetoScan, leaderboard, pareto_scan, points_below, with_retrained
 from nas.tracking.rows import LeaderboardRow
 from nas.tracking.runs import PAGE_SIZE, find_runs, require_store
 from nas.tracking.sweeps import constraints_by_sweep, describe_constraints, find_sweep_run, sweep_objectives
@@ -29,6 +29,10 @@ class Board:
     """With ``explain`` and no row: why (:func:`empty_reason`)."""
     note: str | None = None
     """With ``explain``: which constraints the ranking applied (:func:`feasibility_note`)."""
+    below: list[tuple[int | None, LeaderboardRow]] = field(default_factory=list)
+    """The trials started from a ``search.points_to_evaluate`` entry (``point`` set: the user's own archs) that rank
+    below ``rows``, each with its rank (:func:`~nas.tracking.query.points_below`), so a table can show where they
+    land."""
 
 
 def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_id: str | None = None,
@@ -37,8 +41,9 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
                 keep_points: bool = False, explain: bool = False) -> Board:
     """The ``top`` trials of ``experiment`` by ``metric`` (:func:`leaderboard`), or with ``pareto`` those of a
     :func:`pareto_scan` of ``objectives`` (default: the sweep's with ``sweep_id``, else the experiment's newest
-    sweep's, else :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`); with ``explain``,
-    also why it is empty and which constraints applied (``Board.why_empty``, ``Board.note``).
+    sweep's, else :data:`DEFAULT_OBJECTIVES`), with the retrained scores filled in (:func:`with_retrained`), and the
+    trials started from a ``search.points_to_evaluate`` entry that rank below them (``Board.below``, with their ranks);
+    with ``explain``, also why it is empty and which constraints applied (``Board.why_empty``, ``Board.note``).
 
     Raises:
         NasError: an unknown metric, status, constraint or objective; NotFoundError: ``sweep_id`` has no parent
@@ -70,7 +75,11 @@ def ranked_rows(experiment: str, *, metric: str = "bleu", top: int = 10, sweep_i
     else:
         rows = leaderboard(experiment, metric=metric, top=top, sweep_id=sweep_id, status=status, where=tuple(where),
                            page_size=page_size, include_infeasible=include_infeasible)
-    board = Board(with_retrained(experiment, rows), scan, warnings)
+    below = points_below(experiment, rows, metric=metric, sweep_id=sweep_id, status=status, where=tuple(where),
+                         page_size=page_size, include_infeasible=include_infeasible)
+    retrained = with_retrained(experiment, [*rows, *(row for _, row in below)])
+    board = Board(retrained[:len(rows)], scan, warnings,
+                  below=[(rank, row) for (rank, _), row in zip(below, retrained[len(rows):])])
     if explain:
         if not board.rows:
             board.why_empty = empty_reason(experiment, sweep_id, status, where, include_infeasible)

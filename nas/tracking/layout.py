@@ -2,7 +2,8 @@
 
 One *sweep* parent run (tags ``nas.sweep_id``, ``nas.role=sweep``), and under it one ``nas.role=supernet``
 child run (with one ``nas.role=stage`` child per training stage) plus one ``nas.role=trial`` child run per
-search trial (tags ``nas.trial_id``, ``nas.arch_id``, ``nas.arch_summary``; metrics ``bleu``, ``chrf``,
+search trial (tags ``nas.trial_id``, ``nas.arch_id``, ``nas.arch_summary``, and ``nas.point`` on a trial started
+from a ``search.points_to_evaluate`` entry; metrics ``bleu``, ``chrf``,
 ``valid_loss``, ``params_m``, ``latency_ms``; params = the flattened architecture). ``nas retrain`` of a trial
 adds a ``nas.role=retrain`` child (tag ``nas.source_run_id``: the trial) with the retrained model's metrics and
 weights; a retrain of an ``--arch`` is a top-level run of that role.
@@ -17,7 +18,7 @@ from pathlib import Path
 
 __all__ = ["tracking_uri", "TAG_ROLE", "TAG_SWEEP_ID", "TAG_TRIAL_ID", "TAG_ARCH_ID", "TAG_ARCH_SUMMARY",
            "TAG_PARENT", "TAG_STAGE", "STAGE_NAMES", "TAG_OPTUNA_TRIAL", "TAG_ERROR", "TAG_OBJECTIVES",
-           "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR",
+           "TAG_OPTUNA_STORAGE", "TAG_STUDY_NAME", "TAG_SOURCE_RUN", "TAG_RETRAIN_DIR", "TAG_POINT",
            "PARAM_CONSTRAINTS"]
 
 TAG_ROLE = "nas.role"
@@ -29,6 +30,9 @@ TAG_PARENT = "mlflow.parentRunId"
 TAG_STAGE = "nas.stage"
 STAGE_NAMES = {1: "joint", 2: "word_distill", 3: "seq_distill"}
 TAG_OPTUNA_TRIAL = "nas.optuna_trial"
+TAG_POINT = "nas.point"
+"""Trial-run tag: the name of the ``search.points_to_evaluate`` entry the trial was started from (``narrowest``, a
+named arch such as ``tiny``, ``points_to_evaluate.2``); absent on a sampled trial. The leaderboard marks these."""
 TAG_ERROR = "nas.error"
 TAG_OBJECTIVES = "nas.objectives"
 TAG_OPTUNA_STORAGE = "nas.optuna_storage"

@@ -22,14 +22,14 @@ from mlflow.entities import ViewType
 
 from nas.errors import NasError, NotFoundError
 from nas.space.constraints import WHERE_OPS, Constraint, parse_bound, split_comparison, violated
-from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_ROLE, TAG_SOURCE_RUN, TAG_SWEEP_ID
+from nas.tracking.layout import TAG_ARCH_ID, TAG_ARCH_SUMMARY, TAG_POINT, TAG_ROLE, TAG_SOURCE_RUN, TAG_SWEEP_ID
 from nas.tracking.pareto import DEFAULT_OBJECTIVES, Objective, pareto_mask
 from nas.tracking.rows import LOWER_IS_BETTER, ROW_METRICS, LeaderboardRow
 from nas.tracking.runs import PAGE_SIZE, experiment_id, find_tagged_runs, get_client, tag_filter
 from nas.tracking.sweeps import constraints_by_sweep, describe_constraints
 
 __all__ = ["LEADERBOARD_STATUSES", "parse_where", "iter_leaderboard_rows", "leaderboard", "ParetoScan",
-           "pareto_scan", "best_trial", "with_retrained"]
+           "pareto_scan", "best_trial", "with_retrained", "points_below"]
 
 
 def _row(run: mlflow.entities.Run, constraints: dict[str, tuple[Constraint, ...]]) -> LeaderboardRow:
@@ -45,6 +45,7 @@ def _row(run: mlflow.entities.Run, constraints: dict[str, tuple[Constraint, ...]
         sweep_id=sweep_id,
         arch_id=t.get(TAG_ARCH_ID),
         feasible=not violated(bounds, m) if bounds else None,
+        point=t.get(TAG_POINT),
     )
 
 
@@ -74,10 +75,12 @@ def parse_where(expr: str) -> str:
     return f"metrics.`{name}` {_WHERE_CLAUSE_OPS[op]} {value!r}"
 
 
-def _trial_filter(sweep_id: str | None, status: str, where: Sequence[str]) -> str:
+def _trial_filter(sweep_id: str | None, status: str, where: Sequence[str], points_only: bool = False) -> str:
     if status not in LEADERBOARD_STATUSES:
         raise NasError(f"unknown status {status!r}; expected one of {', '.join(LEADERBOARD_STATUSES)}")
     clauses = tag_filter(**{TAG_ROLE: "trial", TAG_SWEEP_ID: sweep_id})
+    if points_only:  # runs that carry the tag at all
+        clauses.append(f"tags.`{TAG_POINT}` LIKE '%'")
     if status != "all":
         clauses.append(f"attributes.status = '{status}'")
     clauses.extend(parse_where(w) for w in where)
@@ -95,6 +98,7 @@ def iter_leaderboard_rows(
     page_size: int = PAGE_SIZE,
     limit: int | None = None,
     include_infeasible: bool = False,
+    points_only: bool = False,
 ) -> Iterator[LeaderboardRow]:
     """Trial runs (``nas.role=trial``) of ``experiment`` as rows, fetched lazily page by page.
 
@@ -105,7 +109,8 @@ def iter_leaderboard_rows(
     every ``where`` constraint (:func:`parse_where`). With ``metric`` the rows come best first
     (``ascending`` defaults to True for latency_ms/params_m/valid_loss); runs lacking it come last.
     Each row's ``feasible`` is judged by its sweep's ``search.constraints``; rows with ``feasible`` False
-    are left out unless ``include_infeasible``. ``limit`` counts the rows yielded.
+    are left out unless ``include_infeasible``. ``limit`` counts the rows yielded. ``points_only``: only the trials
+    started from a ``search.points_to_evaluate`` entry (tag ``nas.point``).
     Arguments are checked when the function is called, before the first row is asked for.
 
     Raises:
@@ -119,7 +124,7 @@ def iter_leaderboard_rows(
         raise ValueError(f"limit must be >= 1, got {limit}")
     if metric is not None and metric not in ROW_METRICS:
         raise NasError(f"unknown metric {metric!r}; expected one of {', '.join(ROW_METRICS)}")
-    filter_string = _trial_filter(sweep_id, status, where)
+    filter_string = _trial_filter(sweep_id, status, where, points_only)
     order = None
     if metric is not None:
         asc = metric in LOWER_IS_BETTER if ascending is None else ascending
@@ -334,6 +339,45 @@ def best_trial(
     bounds = describe_constraints({k: v for k, v in constraints_by_sweep(experiment).items() if k in seen})
     raise NasError(f"none of the {count} finished trials {meeting}in experiment {experiment!r} meets its sweep's "
                    f"search.constraints ({bounds}); pass --include-infeasible to export the best of them anyway")
+
+
+def points_below(
+    experiment: str,
+    top: Sequence[LeaderboardRow],
+    *,
+    metric: str = "bleu",
+    sweep_id: str | None = None,
+    status: str = "FINISHED",
+    where: Sequence[str] = (),
+    page_size: int = PAGE_SIZE,
+    include_infeasible: bool = False,
+) -> list[tuple[int | None, LeaderboardRow]]:
+    """The trials started from a ``search.points_to_evaluate`` entry (tag ``nas.point``: the user's own archs, the
+    references) that match the leaderboard's filters but are not among ``top``, best first, each with its rank by
+    ``metric`` in that leaderboard: 1 + the matching trials strictly better (``None`` when it lacks the metric), so
+    that a user sees where an own design lands however far down. Filters as in :func:`iter_leaderboard_rows`; one
+    more query per such trial counts the better ones.
+
+    Raises:
+        NasError: an unknown metric or status, or a bad ``where`` expression; NotFoundError: no active experiment
+            named ``experiment``.
+    """
+    shown = {r.run_id for r in top}
+    named = [r for r in iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status, where=where, metric=metric,
+                                              page_size=page_size, include_infeasible=include_infeasible,
+                                              points_only=True) if r.run_id not in shown]
+    op = "<" if metric in LOWER_IS_BETTER else ">"
+    ranked = []
+    for row in named:
+        value = getattr(row, metric)
+        if value is None or value != value:  # no metric (or NaN): no rank
+            ranked.append((None, row))
+            continue
+        better = iter_leaderboard_rows(experiment, sweep_id=sweep_id, status=status,
+                                       where=(*where, f"{metric}{op}{value!r}"), page_size=page_size,
+                                       include_infeasible=include_infeasible)
+        ranked.append((1 + sum(1 for _ in better), row))
+    return ranked
 
 
 def _chunks(items: Iterator[LeaderboardRow], size: int) -> Iterator[list[LeaderboardRow]]:

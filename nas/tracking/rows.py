@@ -44,3 +44,6 @@ class LeaderboardRow:
     """Fixed-length latency (ms) of that retrained model, timed when it finished."""
     retrain_run_id: str | None = None
     """That retrain run (``nas export --run-id`` exports its weights)."""
+    point: str | None = None
+    """The name of the ``search.points_to_evaluate`` entry the trial was started from (tag ``nas.point``: ``tiny`` for
+    a named arch, ``narrowest``, ``points_to_evaluate.2``); ``None`` for a sampled trial."""

@@ -122,6 +122,8 @@ def test_int8_conversion_translates(exported, sources, tmp_path):
     (Arch(PLAIN.encoder, StackArch((16,), (64,), (1,), (2,))), "decoder layer 0 has paths=2"),
     (Arch(PLAIN.encoder, StackArch((16,), (64,), (1,), (1,), ("prime",), ((3,),))), "uses the 'prime' layout"),
     (Arch(PLAIN.encoder, StackArch((16,), (64,), (1,), (1,), (), (), (2,))), "decoder layer 0 has units=2"),
+    (Arch(PLAIN.encoder, StackArch((16, 16), (64, 64), encoder_attention=(1, 3))),
+     "decoder layer 1 attends to the last 2 encoder layers (encoder_attention=3"),  # clamped to the depth
 ])
 def test_an_arch_ctranslate2_cannot_run_is_named(arch, named):
     problem = ctranslate2_problem(arch, {})

@@ -17,13 +17,14 @@ from nas.export.onnx import MANIFEST, export_onnx, verify_onnx
 from nas.space.arch import Arch, StackArch
 
 PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
-# (b) branches, paths and units in both stacks; (c) a decoder Prime layer with kernels (causal conv cache).
+# (b) branches, paths and units in both stacks; (c) a decoder Prime layer with kernels (causal conv cache);
+# (d) HAT's arbitrary encoder-decoder attention: decoder layer 0 attends to both encoder layers.
 MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), ("sequential", "independent")),
              StackArch((32, 16), (64, 32), (2, 2), (2, 1), ("sequential", "prime"), ((), (3, 5)), (2, 1),
-                       (), ("sequential", "independent")))
+                       (), ("sequential", "independent"), (2, 1)))
 MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
                     StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
-                              (2, 2)))
+                              (2, 2), encoder_attention=(2, 2)))
 
 # Runs the folder's script in a fresh interpreter; fails if torch or nas got imported.
 _RUN_SCRIPT = """
@@ -94,6 +95,18 @@ def test_manifest_names_the_cache_layout_with_the_causal_conv_window(exports):
     assert inputs[:3] == ["tokens", "memory", "src_pad"] and "cross.1.ck" in inputs and "past.1.conv.v" in inputs
     assert [o["name"] for o in meta["encoder"]["outputs"]][:2] == ["memory", "src_pad"]
     assert load_export(exports["mixed"]).model.max_arch == MIXED  # the supernet was cropped to the arch
+
+
+def test_cross_attention_over_two_encoder_layers_exports_keys_twice_the_source_long(exports):
+    """HAT's arbitrary encoder-decoder attention: layer 0's cross keys/values span both encoder layers' outputs,
+    concatenated along the length, and the memory holds both; layer 1 attends to the last layer only."""
+    meta = json.loads((exports["mixed"] / MANIFEST).read_text())
+    shape = {e["input"]: e["shape"] for e in meta["cache"]}
+    assert shape["cross.0.ck"][3] == shape["cross.0.cv"][3] == "2*src_len"
+    assert shape["cross.1.ck"][3] == "src_len"
+    inputs = {i["name"]: i["shape"] for i in meta["decoder_step"]["inputs"]}
+    assert inputs["src_pad"][1] == "src_len" and inputs["memory"][1] != "src_len" and "src_len" in inputs["memory"][1]
+    assert meta["arch"]["decoder"]["encoder_attention"] == [2, 1] and "e2" in meta["arch_summary"]
 
 
 @pytest.mark.parametrize("name", ["plain", "mixed"])

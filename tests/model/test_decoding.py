@@ -14,7 +14,8 @@ whole target) for every arch in ``ARCHS``:
   search recomputing every prefix, as sentences finish at different steps.
 
 The ONNX graphs themselves are compared with PyTorch in ``test_onnx.py`` (exporting costs
-seconds per arch).
+seconds per arch). HAT's arbitrary encoder-decoder attention (``encoder_attention``) is in the table too: a
+decoder layer whose cross-attention keys/values are those of the last k encoder layers, computed once.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ from nas.model.decode import IncrementalDecoder
 from nas.space.arch import Arch, StackArch
 
 V, C, H = 37, 16, 2
-MAXIMA = Arch(*(StackArch((16,) * n, (32,) * n, (2,) * n, (3,) * n, ("sequential+prime",) * n, ((3, 5),) * n, (3,) * n)
-                for n in (2, 2)))
+MAXIMA = Arch(*(StackArch((16,) * n, (32,) * n, (2,) * n, (3,) * n, ("sequential+prime",) * n, ((3, 5),) * n, (3,) * n,
+                          encoder_attention=(k,) * n) for n, k in ((2, 1), (2, 2))))
 ENCODER = StackArch((8, 16), (16, 32), (2, 1), (2, 1))
 
 
-def _decoder(layout="sequential", branches=1, paths=1, kernels=(), units=1, dependency="independent") -> StackArch:
-    """Two decoder layers: the first with the given choices, the second plain and narrower."""
+def _decoder(layout="sequential", branches=1, paths=1, kernels=(), units=1, dependency="independent",
+             encoder_attention=(1, 1)) -> StackArch:
+    """Two decoder layers: the first with the given choices, the second plain and narrower; ``encoder_attention``
+    of both."""
     return StackArch((16, 8), (32, 16), (branches, 1), (paths, 1), (layout, "sequential"), (kernels, ()), (units, 1),
-                     (), (dependency, "independent"))
+                     (), (dependency, "independent"), encoder_attention)
 
 
 # name -> (arch, SuperTransformer keyword arguments)
@@ -48,6 +51,9 @@ ARCHS: dict[str, tuple[Arch, dict]] = {
     "multi-unit, AutoShuffle": (Arch(ENCODER, _decoder(paths=2, units=3, dependency="sequential")), {}),
     "prime-simple": (Arch(ENCODER, _decoder("prime", branches=2)), {}),
     "prime, two kernels": (Arch(ENCODER, _decoder("prime", branches=2, kernels=(3, 5))), {}),
+    "encoder attention (HAT), last 2 then last 1": (Arch(ENCODER, _decoder(branches=2, encoder_attention=(2, 1))), {}),
+    "encoder attention, prime with units": (
+        Arch(ENCODER, _decoder("prime", kernels=(3,), units=2, encoder_attention=(2, 2))), {}),
     "prime, units, type-1 width": (Arch(ENCODER, _decoder("prime", kernels=(5,), units=2), model_width=8),
                                    {"io_projection": True}),
 }

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 from optuna.trial import TrialState
 
 from nas.search.evolution import (crowding_distance, front_size, gene_choices, level1_directions, nondominated_fronts,
                                   select_level2, suggest_genes)
-from nas.space import parse_spec
+from nas.space import load_spec, parse_spec
 from nas.space.space import SearchSpace
 from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 
@@ -124,12 +123,21 @@ def test_level1_directions_follow_the_score():
 POPULATION, GENERATIONS, BATCH = 4, 2, 2
 
 
+MINE = "enc[16/32] dec[32/32 16/32]"
+"""The user's own arch, named ``mine`` in a point file beside the sweep YAML."""
+
+
 @pytest.mark.slow
 def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_path, tiny_supernet):
+    """Also the user's named arch from a point file (``{file: baselines.yaml}``): level 1 opens with it, level 2
+    scores it as its first trial whatever level 1 finds, tagged ``nas.point`` in MLflow, and the leaderboard names
+    it; the resumed sweep reads it from the sweep's saved YAML."""
+    (tmp_path / "baselines.yaml").write_text(f'mine: "{MINE}"\n', encoding="utf-8")
     raw = tiny_spec_dict(multi30k, tmp_path, **{
         "search": {"trials": 2, "max_concurrent": 1, "beam_size": 2, "method": "evolution", "seed": 0,
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ratio", "goal": "minimize"}],
                    "latency_workload": {"src_tokens": 6, "tgt_tokens": 4}, "latency_repeats": 2,
+                   "points_to_evaluate": [{"file": "baselines.yaml"}],
                    "evolution": {"population": POPULATION, "generations": GENERATIONS, "batch_size": BATCH,
                                  "subset_sentences": 6, "predictor_samples": 4}},
         "tracking": {"experiment": "evo"},
@@ -140,7 +148,7 @@ def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_pa
                             capture_output=True, text=True, timeout=900, start_new_session=True)
     assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-6000:]
     assert "level1_batch" in (tmp_path / "kills.log").read_text()
-    spec = parse_spec(yaml.safe_load(spec_file.read_text()), str(spec_file))
+    spec = load_spec(spec_file, check_files=False)  # reads the point file, as nas sweep does
     sweep_id = json.loads((spec.run_dir / "sweep.json").read_text())["sweep_id"]
     batches = spec.run_dir / "level1" / sweep_id / "batches"
     stamps = {p.name: p.stat().st_mtime_ns for p in batches.glob("*.json")}
@@ -177,6 +185,16 @@ def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_pa
     assert max(m.value for m in history) == POPULATION * GENERATIONS
     status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
     assert f"level 1 COMPLETE {POPULATION * GENERATIONS}" in status.stdout, status.stdout
+    # the named point
+    first = min(after.optuna, key=lambda t: t.number)
+    assert space.from_params(first.params).summary() == MINE and first.user_attrs["point"] == "mine"
+    assert space.from_params(min(level1.get_trials(), key=lambda t: t.number).params).summary() == MINE
+    tagged = {r.data.tags.get("nas.point"): r.data.tags["nas.arch_summary"] for r in after.trial_runs()}
+    assert tagged == {"mine": MINE, None: tagged[None]} and tagged[None] != MINE, tagged
+    board = run_nas(["leaderboard", "--experiment", "evo", "--include-infeasible"], {**env, "COLUMNS": "250"},
+                    tmp_path)
+    assert board.returncode == 0, board.stderr
+    assert "point" in board.stdout and "mine" in board.stdout, board.stdout
 
 
 def test_level1_asks_no_more_than_a_generation_before_it_completes():

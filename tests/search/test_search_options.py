@@ -32,7 +32,8 @@ def _searcher(spec, tmp_path: Path) -> DurableOptunaSearch:
     space = SearchSpace.from_spec(spec)
     study = StudyRef("s-1", tmp_path / "optuna.journal")
     searcher = DurableOptunaSearch(DefineByRun(space), study, spec.search,
-                                   points=space.point_params(spec.search.points_to_evaluate))
+                                   points=space.point_params(spec.search.points_to_evaluate),
+                                   point_names=spec.search.point_names())
     searcher.sync([])
     return searcher
 
@@ -123,6 +124,29 @@ def test_a_point_enqueued_just_before_a_kill_is_asked_once_by_the_next_driver(mu
     assert (first[OPTUNA_TRIAL_KEY], second[OPTUNA_TRIAL_KEY]) == (0, 1)
     assert space.from_params(first) == space.narrowest() and space.from_params(second) == space.widest()
     assert len(searcher.study_ref.load().trials) == 2
+
+
+def test_a_named_arch_is_enqueued_with_its_name_which_its_ray_trial_carries_even_after_a_kill(multi30k, tmp_path):
+    """The name is the Optuna trial's user attribute from the enqueue on, so a driver killed between the enqueue and
+    the Ray trial still gives the next Ray trial the name (config key ``nas_point``, the MLflow tag ``nas.point``)."""
+    from nas.search.searcher import ATTR_POINT, POINT_KEY
+    from nas.space.arch import Arch
+
+    mine = "enc[32/64 16/64] dec[16/32 32/32]"
+    spec = _spec(multi30k, tmp_path, points_to_evaluate=[{"name": "mine", "arch": mine}, "narrowest", mine])
+    space = SearchSpace.from_spec(spec)
+    first = _searcher(spec, tmp_path).suggest("a")
+    assert first[POINT_KEY] == "mine" and space.from_params(first) == Arch.parse(mine)
+    study = StudyRef("s-1", tmp_path / "optuna.journal").load()
+    study.enqueue_trial(space.params_of(space.narrowest()), user_attrs={ATTR_POINT: "narrowest"})  # then killed
+    searcher = _searcher(spec, tmp_path)
+    searcher._known["a"] = 0  # the first Ray trial was restored
+    second, third, fourth = searcher.suggest("b"), searcher.suggest("c"), searcher.suggest("d")
+    assert (second[OPTUNA_TRIAL_KEY], second[POINT_KEY]) == (1, "narrowest")
+    assert (third[POINT_KEY], space.from_params(third)) == ("points_to_evaluate.2", Arch.parse(mine))
+    assert POINT_KEY not in fourth  # sampled
+    assert [t.user_attrs.get(ATTR_POINT) for t in searcher.study_ref.load().trials] == \
+        ["mine", "narrowest", "points_to_evaluate.2", None]
 
 
 @pytest.mark.parametrize("yaml_file", sorted(Path("search_spaces").glob("*.yaml")) or

@@ -59,6 +59,11 @@ EXPECTED = {
         decoder=StackArch(width=(32, 96), ffn_width=(64, 384), branches=(1, 2), paths=(1, 3),
                           layout=("prime", "sequential"), kernels=((7,), ()), units=(2, 4),
                           unit_dependency=("independent", "sequential"))),
+    "enc[64/256 64/256] dec[64/256x2e2P3u2-seq 64/256p2e3]": Arch(  # HAT: decoder layers attend to 2 and 3
+        encoder=StackArch(width=(64, 64), ffn_width=(256, 256)),
+        decoder=StackArch(width=(64, 64), ffn_width=(256, 256), branches=(2, 1), paths=(1, 2),
+                          layout=("prime", "sequential"), kernels=((3,), ()), units=(2, 1),
+                          unit_dependency=("sequential", "independent"), encoder_attention=(2, 3))),
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import pickle
@@ -12,7 +13,7 @@ import pytest
 
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
-from nas.space import parse_spec
+from nas.space import SpecError, parse_spec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -139,6 +140,7 @@ def test_describe_lists_each_dimension_with_its_scope_and_no_unit_bias():
         ("paths", "[1]", "per stack"),
         ("kernels", "[[]]", "per stack"),
         ("unit_dependency", "['independent']", "per stack"),
+        ("encoder_attention", "[1]", "per decoder stack"),
     ]
 
 
@@ -447,3 +449,49 @@ def test_a_small_space_is_enumerated_for_its_middle_every_arch_once():
     archs = list(space._enumerate(lambda name: True))
     assert len(archs) == len(set(archs)) == space.size()
     assert set(archs) == brute_force_archs([1, 2], [8, 16], [16, 32], [1, 2])
+
+
+# ---- HAT's arbitrary encoder-decoder attention -----------------------------------------------------
+
+HAT_LIKE = {**SMALL, "encoder_attention": {"values": [2, 1], "per_layer": True}}
+
+
+def test_encoder_attention_is_chosen_per_decoder_layer_and_never_asked_of_the_encoder():
+    space, spec = make_space(HAT_LIKE)
+    assert space.widest().decoder.encoder_attention == (2, 2)  # widest: the most encoder layers
+    assert space.narrowest().decoder.encoder_attention == (1,)
+    assert space.supernet_maxima(spec).decoder.encoder_attention == (2, 2)
+    assert space.supernet_maxima(spec).encoder.encoder_attention == (1, 1, 1)
+    for trial, arch in ask(space, n=20):
+        assert not any(name.startswith("encoder.encoder_attention") for name in trial.params)
+        assert {n for n in trial.params if n.startswith("decoder.encoder_attention.")} == \
+            {f"decoder.encoder_attention.{i}" for i in range(arch.decoder.layers)}
+        assert space.from_params(trial.params) == arch and space.params_of(arch) == trial.params
+        arch.check_within(space.supernet_maxima(spec))
+    assert {k for _, a in ask(space, seed=1, n=20) for k in a.decoder.encoder_attention} == {1, 2}
+    from nas.search.evolution import gene_choices  # HAT's fixed-length genes: none for the encoder
+
+    genes = gene_choices(space)
+    assert [g for g in genes if "encoder_attention" in g] == [f"decoder.encoder_attention.{i}" for i in (0, 1)]
+
+
+def test_encoder_attention_multiplies_only_the_decoder_s_count_of_archs():
+    space, _ = make_space(HAT_LIKE)
+    archs = list(space._enumerate(lambda name: True))
+    assert len(archs) == len(set(archs)) == space.size() == 40 * (2 * 8 + 2 * 64)  # encoder 40 as in SMALL
+    assert space.params(space.widest()) == space.params(dataclasses.replace(
+        space.widest(), decoder=dataclasses.replace(space.widest().decoder, encoder_attention=())))  # no params
+    assert ("encoder_attention", "[1, 2]", "per decoder layer") in space.describe()
+
+
+@pytest.mark.parametrize("dimension, message", [
+    ({"values": [0, 1]}, "space.encoder_attention.values contains 0; choices must be >= 1"),
+    ({"values": [1, 4]}, "space.encoder_attention.values contains 4, above the deepest encoder "
+                         "(supernet.encoder_layers reaches 3)"),
+    ({"values": [1, "two"]}, "space.encoder_attention.values contains 'two'; this dimension takes integers"),
+    ({"values": [1, 2], "per_layer": True, "when": {"branches": 2}}, "space.encoder_attention.when"),
+])
+def test_bad_encoder_attention_values_name_the_key_and_the_fix(dimension, message):
+    with pytest.raises(SpecError) as info:
+        make_space({"branches": {"values": [1, 2], "per_layer": True}, "encoder_attention": dimension})
+    assert message in str(info.value)

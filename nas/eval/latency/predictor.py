@@ -47,7 +47,8 @@ def arch_features(arch: Arch, model_dim: int) -> list[float]:
     """The fixed-length feature vector of ``arch`` (``len == len(FEATURE_NAMES)``; see there).
 
     Extends HAT's features (sec. 3.3: layer counts and per-stack averages of the embedding,
-    FFN and head dimensions) with the sums and the dimensions of the unified layer.
+    FFN and head dimensions, and of the encoder layers each decoder layer attends to) with the sums and the
+    dimensions of the unified layer.
 
     Args:
         arch: the sub-Transformer; an optional ``arch.model_width`` (type-1 Scalable
@@ -60,7 +61,8 @@ def arch_features(arch: Arch, model_dim: int) -> list[float]:
     model_width = arch.model_width or model_dim
     if model_width < 1:
         raise ValueError(f"model width {model_width} must be >= 1 (model_dim={model_dim})")
-    return [*_stack_features(arch.encoder), *_stack_features(arch.decoder), float(model_width)]
+    return [*_stack_features(arch.encoder), *_stack_features(arch.decoder), float(model_width),
+            float(sum(arch.attended_layers))]
 
 
 def _mlp(features: int, hidden: int, hidden_layers: int) -> nn.Sequential:
@@ -119,6 +121,7 @@ class LatencyPredictor:
         self.model_dim, self.hidden, self.hidden_layers = model_dim, hidden, hidden_layers
         self.workload = {k: int(workload[k]) for k in DEFAULT_WORKLOAD}
         self.device, self.reference_ms, self.reference_arch = device, reference_ms, reference_arch
+        self.feature_names = FEATURE_NAMES  # a loaded predictor's: FEATURE_NAMES or a prefix of them
         self.net = _mlp(len(FEATURE_NAMES), hidden, hidden_layers)
         self.feature_mean = torch.zeros(len(FEATURE_NAMES))
         self.feature_std = torch.ones(len(FEATURE_NAMES))
@@ -144,7 +147,15 @@ class LatencyPredictor:
             (self.batch_size, self.beam_size)
 
     def _x(self, archs: Sequence[Arch]) -> torch.Tensor:
-        x = torch.tensor([arch_features(a, self.model_dim) for a in archs], dtype=torch.float64)  # [n, F]
+        """Standardized features ``[n, F]`` of :attr:`feature_names` (a predictor fitted before
+        ``encoder_attention`` existed refuses an arch that attends to more than the last encoder layer)."""
+        n = len(self.feature_names)
+        for a in archs:
+            if n < len(FEATURE_NAMES) and any(k > 1 for k in a.attended_layers):
+                raise NasError(f"arch {a.summary()} attends to several encoder layers (encoder_attention), which this "
+                               f"predictor, fitted before that choice existed, cannot tell; refit with "
+                               f"`nas latency fit`")
+        x = torch.tensor([arch_features(a, self.model_dim)[:n] for a in archs], dtype=torch.float64)  # [n, F]
         return ((x - self.feature_mean.double()) / self.feature_std.double()).float()
 
     def _ratio(self, y: torch.Tensor) -> torch.Tensor:
@@ -208,6 +219,7 @@ class LatencyPredictor:
         self.target_std = float(log_ms[train].std()) if len(train) > 1 and float(log_ms[train].std()) > 1e-9 else 1.0
         x = ((x_raw - self.feature_mean.double()) / self.feature_std.double()).float()  # [n, F]
         y = ((log_ms - self.target_mean) / self.target_std).float()  # [n]
+        self.feature_names = FEATURE_NAMES
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.net = _mlp(len(FEATURE_NAMES), self.hidden, self.hidden_layers)
@@ -269,7 +281,7 @@ class LatencyPredictor:
     def _sidecar(self) -> dict[str, Any]:
         return {
             "format": PREDICTOR_FORMAT,
-            "feature_names": list(FEATURE_NAMES),
+            "feature_names": list(self.feature_names),
             "feature_mean": self.feature_mean.tolist(),
             "feature_std": self.feature_std.tolist(),
             "target": "log_latency_ratio",
@@ -313,13 +325,17 @@ class LatencyPredictor:
             FileNotFoundError: either file is missing.
             PredictorFileError: (a :class:`NasError`) the sidecar is not a predictor's, it names no latency
                 workload (fitted before the fixed workload), or it was fitted on other features than this
-                version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``).
+                version's :data:`FEATURE_NAMES` (refit with ``nas latency fit``). One fitted on the features before
+                ``decoder.encoder_attention_sum`` loads, and refuses (NasError) to predict an arch whose decoder
+                attends to more than the last encoder layer.
         """
         path = Path(path)
         meta = read_predictor_meta(path)  # format, feature names, workload, keys, weights header (torch-free)
         pred = cls(meta["model_dim"], hidden=meta["hidden"], hidden_layers=meta["hidden_layers"],
                    workload=meta["workload"], device=meta.get("device", ""), reference_ms=meta.get("reference_ms"),
                    reference_arch=meta.get("reference_arch"))
+        pred.feature_names = tuple(meta["feature_names"])
+        pred.net = _mlp(len(pred.feature_names), pred.hidden, pred.hidden_layers)
         pred.net.load_state_dict(load_file(str(path)))
         pred.net.eval()
         pred.feature_mean = torch.tensor(meta["feature_mean"], dtype=torch.float32)

@@ -13,6 +13,8 @@ What lives where (each module imports only those above it):
   its checks against the supernet.
 - :mod:`nas.space.schema.train`: ``train:`` (:class:`TrainSpec`) and its stages (:data:`StageSpec`,
   :data:`STAGE_ORDER`).
+- :mod:`nas.space.schema.points`: ``search.points_to_evaluate`` entries (:class:`ArchPoint`, :data:`PointSpec`,
+  :data:`REFERENCE_POINTS`).
 - :mod:`nas.space.schema.search`: ``search:`` (:class:`SearchSpec`, :class:`MetricSpec`,
   :class:`LatencyWorkloadSpec`, :class:`EvolutionSpec`, :class:`FinetuneSpec`).
 - :mod:`nas.space.schema.resources`: ``resources:`` (:class:`ResourcesSpec`).
@@ -30,6 +32,7 @@ from __future__ import annotations
 from nas.redact import REDACTED
 from nas.space.recipe import RetrainSpec
 from nas.space.schema.data import DataSpec, PairFiles, TokenizerSpec
+from nas.space.schema.points import REFERENCE_POINTS, ArchPoint, PointSpec
 from nas.space.schema.resources import ResourcesSpec
 from nas.space.schema.search import EvolutionSpec, FinetuneSpec, LatencyWorkloadSpec, MetricSpec, SearchSpec
 from nas.space.schema.space import Dimension, SpaceSpec
@@ -41,4 +44,5 @@ from nas.space.schema.train import STAGE_ORDER, JointStage, SeqDistillStage, Sta
 __all__ = ["SweepSpec", "DataSpec", "PairFiles", "TokenizerSpec", "SupernetSpec", "Dimension", "SpaceSpec",
            "JointStage", "WordDistillStage", "SeqDistillStage", "StageSpec", "STAGE_ORDER", "TrainSpec",
            "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec", "ResourcesSpec",
+           "ArchPoint", "PointSpec", "REFERENCE_POINTS",
            "TrackingSpec", "RetrainSpec", "OPTUNA_STORAGE_SCHEMES", "REDACTED"]

@@ -6,12 +6,13 @@ predicted (:class:`LatencyWorkloadSpec`), the two-level search (:class:`Evolutio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from nas.space.constraints import Constraint, parse_constraint
 from nas.space.schema.base import StrictModel
+from nas.space.schema.points import PointSpec, is_arch_point, point_name
 
 __all__ = ["DEFAULT_LATENCY_ROUNDS", "MetricSpec", "FinetuneSpec", "LatencyWorkloadSpec", "EvolutionSpec", "SearchSpec"]
 
@@ -142,11 +143,16 @@ class SearchSpec(StrictModel):
     on any metric a trial reports. Each becomes ``trial.set_constraint`` in Optuna, so the samplers
     (TPE, NSGA-II, GP) favour feasible archs and the Pareto front (``study.best_trials``) holds feasible
     trials only; an infeasible trial still completes and is tagged ``feasible = 0``."""
-    points_to_evaluate: list[Union[Literal["widest", "narrowest", "middle"], dict[str, Union[int, str]]]] = \
-        Field(default_factory=list)
-    """Sub-Transformers scored first (Optuna ``enqueue_trial``), in order: ``widest``, ``narrowest``,
-    ``middle``, or a mapping of Optuna parameters (``encoder.layers: 2``, ``decoder.width.0: 128``; those
-    left out are sampled). They count toward ``trials``."""
+    points_to_evaluate: list[PointSpec] = Field(default_factory=list)
+    """Sub-Transformers scored first (Optuna ``enqueue_trial``), in order (:mod:`nas.space.schema.points`):
+    ``widest``, ``narrowest``, ``middle``; an arch as ``nas retrain --arch`` reads it
+    (``"enc[128/256 128/256] dec[128/256 128/256]"``); a named arch ``{name: tiny, arch: ...}``;
+    ``{file: baselines.yaml}``, the named archs of a file (read by ``load_spec``, relative to the sweep YAML); or a
+    mapping of Optuna parameters (``encoder.layers: 2``, ``decoder.width.0: 128``; those left out are sampled).
+    They count toward ``trials``; each trial is tagged with its point's name (:meth:`point_names`). An arch must
+    lie inside the space (checked when the YAML is loaded). With ``method: evolution`` every point opens level 1's
+    first generation, and the archs (not the references or mappings) are also scored in level 2, whatever level 1
+    finds (:meth:`arch_points`)."""
     latency: Literal["measured", "predicted"] = "measured"
     """Where a trial's ``latency_ms`` comes from: timed on the trial's device (the fixed ``latency_workload``), or
     the ``latency_predictor`` (no timing; the predictor's device counts)."""
@@ -183,7 +189,22 @@ class SearchSpec(StrictModel):
         if self.trials < len(self.points_to_evaluate):
             raise ValueError(f"points_to_evaluate has {len(self.points_to_evaluate)} points but trials={self.trials}; "
                              f"raise trials or drop points")
+        names = self.point_names()
+        for i in self.arch_points():
+            if names[i] in names[:i]:
+                raise ValueError(f"points_to_evaluate.{i}: the name {names[i]!r} is taken by points_to_evaluate."
+                                 f"{names.index(names[i])}; give each arch its own name")
         return self
+
+    def point_names(self) -> list[str]:
+        """The name of each ``points_to_evaluate`` entry, in order (:func:`~nas.space.schema.points.point_name`):
+        what its trial is tagged with (MLflow tag ``nas.point``)."""
+        return [point_name(p, i) for i, p in enumerate(self.points_to_evaluate)]
+
+    def arch_points(self) -> list[int]:
+        """Indices of the ``points_to_evaluate`` entries that are whole archs the user wrote (arch strings and named
+        archs, :func:`~nas.space.schema.points.is_arch_point`): level 2 of ``method: evolution`` scores them."""
+        return [i for i, p in enumerate(self.points_to_evaluate) if is_arch_point(p)]
 
     def parsed_constraints(self) -> list[Constraint]:
         """The :class:`Constraint` of each ``constraints`` entry, in order."""

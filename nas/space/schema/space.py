@@ -69,13 +69,18 @@ class SpaceSpec(StrictModel):
     """Refused: MUTE's unit biases act only in training, so they are no search dimension; see ``train.unit_bias``."""
     unit_dependency: Dimension | None = None
     """``independent`` (eq. 10) or ``sequential`` (eq. 13-16, AutoShuffle) unit combination."""
+    encoder_attention: Dimension | None = None
+    """Decoder layers only: how many of the last encoder layers each cross-attention attends to, their keys and
+    values concatenated along the source length (HAT sec. 3.1, arbitrary encoder-decoder attention; no parameters),
+    e.g. ``{values: [1, 2, 3], per_layer: true}``; at most the deepest encoder; default: 1 (the last layer only)."""
 
 
 def check_space(sp: SpaceSpec, sn: SupernetSpec) -> None:
     """Check the ``space:`` section's choices against each other and against the ``supernet:`` section ``sn``:
     no ``space.unit_bias``, an FFN width from one of them, odd ``supernet.kernels``, every dimension's values
     (distinct, known names, integers within the supernet's maxima, widths divisible by the head width), ties,
-    ``when`` conditions, Prime layers' paths and kernels, and ``model_width``.
+    ``when`` conditions, Prime layers' paths and kernels, ``model_width``, and ``encoder_attention`` (integers from 1
+    to the deepest encoder).
 
     Raises:
         ValueError: the first problem, naming the key (``space.<dimension>...`` or ``supernet.<key>``) and the fix.
@@ -117,6 +122,8 @@ def check_space(sp: SpaceSpec, sn: SupernetSpec) -> None:
             _check_names(key, dim.values, DEPENDENCIES)
         elif key == "kernels":
             _check_kernels(dim.values, sn.kernels, sp.layout)
+        elif key == "encoder_attention":
+            _check_encoder_attention(dim.values, sp, sn)
         else:
             _check_ints(key, dim.values, *limits[key], head_dim=sn.head_width)
         if dim.when is not None:
@@ -142,6 +149,21 @@ def _check_ints(key: str, values: list, limit_key: str, limit: int | None, head_
         if key == "width" and v % head_dim:
             raise ValueError(f"space.width.values contains {v}, not divisible by the head width {head_dim} "
                              f"(supernet.head_dim, default model_dim / heads); use multiples of {head_dim}")
+
+
+def _check_encoder_attention(values: list, sp: "SpaceSpec", sn: SupernetSpec) -> None:
+    """Each choice is an integer from 1 to the deepest encoder of the space (a decoder layer cannot attend to more
+    encoder layers than there are; shallower sampled encoders are handled by clamping, :attr:`Arch.attended_layers`)."""
+    _check_ints("encoder_attention", values, "", None, head_dim=1)
+    if sp.encoder_layers is not None and sp.encoder_layers.values:
+        key, deepest = "space.encoder_layers.values", max(sp.encoder_layers.values)
+    else:
+        key, deepest = "supernet.encoder_layers", sn.encoder_layers
+    for v in values:
+        if v > deepest:
+            raise ValueError(f"space.encoder_attention.values contains {v}, above the deepest encoder ({key} reaches "
+                             f"{deepest}): a decoder layer attends to at most that many encoder layers; lower the "
+                             f"value to {deepest} or less, or deepen the encoder")
 
 
 def _check_tie(key: str, dim: "Dimension", sp: "SpaceSpec", limit_key: str | None, limit: int | None,
@@ -199,11 +221,14 @@ def _check_prime_conditions(sp: "SpaceSpec") -> None:
 
 
 def _check_when(key: str, dim: "Dimension", sp: "SpaceSpec") -> None:
-    if key in ("width", "ffn_width", "encoder_layers", "decoder_layers"):
+    if key in ("width", "ffn_width", "encoder_layers", "decoder_layers", "encoder_attention"):
         raise ValueError(f"space.{key}.when: {key} applies to every layer and cannot be conditional")
     if len(dim.when) != 1:
         raise ValueError(f"space.{key}.when={dim.when}: give exactly one condition, e.g. {{layout: prime}}")
     (ref, value), = dim.when.items()
+    if ref == "encoder_attention":
+        raise ValueError(f"space.{key}.when refers to encoder_attention, which only decoder layers choose; "
+                         f"refer to another dimension")
     target = getattr(sp, ref, None) if ref in SpaceSpec.model_fields else None
     if target is None:
         raise ValueError(f"space.{key}.when refers to {ref!r}, which is not a dimension of this space")

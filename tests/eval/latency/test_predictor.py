@@ -8,6 +8,7 @@ import math
 import random
 
 import pytest
+from safetensors.torch import load_file, save_file
 
 from nas.errors import NasError
 from nas.eval.latency import DEFAULT_WORKLOAD, FEATURE_NAMES, LatencyPredictor, arch_features, check_drift
@@ -70,6 +71,16 @@ def test_prime_kernels_units_and_depth_show_in_their_features():
     assert f(units, "decoder.units_sum") == 2 and f(units, "decoder.sequential_dependency_layers") == 1
     assert f(Arch(_stack(3), _stack(1)), "encoder.layers") == 3 > f(base, "encoder.layers")
     assert f(base, "model_width") == MODEL_DIM
+
+
+def test_encoder_attention_sums_the_encoder_layers_each_decoder_layer_attends_to_clamped_to_the_depth():
+    idx = FEATURE_NAMES.index("decoder.encoder_attention_sum")
+    hat = lambda ks: Arch(_stack(2), StackArch((16,) * len(ks), (32,) * len(ks), encoder_attention=ks))
+    assert arch_features(hat((1, 1, 1)), MODEL_DIM)[idx] == 3  # the last encoder layer only: the layer count
+    assert arch_features(hat((2, 3, 1)), MODEL_DIM)[idx] == 2 + 2 + 1  # 3 clamped to the encoder's 2 layers
+    changed = {n for n, a, b in zip(FEATURE_NAMES, arch_features(hat((1, 1)), MODEL_DIM),
+                                    arch_features(hat((2, 1)), MODEL_DIM)) if a != b}
+    assert changed == {"decoder.encoder_attention_sum"}
 
 
 def test_model_width_attribute_overrides_model_dim_and_none_falls_back():
@@ -194,6 +205,28 @@ def test_load_refuses_a_predictor_fitted_on_other_features(tmp_path):
     path.with_suffix(".json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match=r"fitted on features .*encoder\.heads_mean.*refit with `nas latency fit`"):
         LatencyPredictor.load(path)
+
+
+def test_a_predictor_fitted_before_encoder_attention_loads_and_refuses_only_archs_that_use_it(tmp_path):
+    """A predictor saved before ``decoder.encoder_attention_sum`` existed (its features one shorter) still predicts
+    the archs it knew; an arch attending to several encoder layers is refused with refit."""
+    predictor = LatencyPredictor(MODEL_DIM, hidden=8)
+    predictor.fit(_synthetic(10, seed=6), epochs=5)
+    path = predictor.save(tmp_path / "old.safetensors")
+    weights = load_file(str(path))
+    weights["0.weight"] = weights["0.weight"][:, :-1].contiguous()  # the first layer without the last feature
+    save_file(weights, str(path))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    for key in ("feature_names", "feature_mean", "feature_std"):
+        meta[key] = meta[key][:-1]
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    old = LatencyPredictor.load(path)
+    arch = Arch(_stack(2), _stack(2))
+    assert old.feature_names == tuple(FEATURE_NAMES[:-1]) and math.isfinite(old.predict(arch))
+    hat = Arch(_stack(2), StackArch((16, 16), (32, 32), encoder_attention=(2, 1)))
+    with pytest.raises(NasError, match=r"attends to several encoder layers .*refit with `nas latency fit`"):
+        old.predict(hat)
+    assert LatencyPredictor.load(old.save(tmp_path / "again.safetensors")).predict(arch) == old.predict(arch)
 
 
 # ---- drift --------------------------------------------------------------------------------------
