@@ -119,7 +119,18 @@ def run_spec(spec: "SweepSpec", path: str | Path, *, address: str | None = None,
     from nas.search import run_sweep
 
     check_backends(spec, address)
-    return run_sweep(spec, path, address=address, resume=resume)
+    return run_sweep(spec, path, address=address, resume=resume, latency_runner=latency_runner(spec))
+
+
+def latency_runner(spec: "SweepSpec"):
+    """The engine of `search.latency_engine` as the search layer takes it (a runner factory, or None for PyTorch):
+    `nas.export.latency_engine.onnx_runner` for `onnxruntime`. It lives in the export layer, above the search, so
+    the layer that starts a sweep, a retrain or a predictor fit hands it down."""
+    if spec.search.latency_engine == "onnxruntime":
+        from nas.export.latency_engine import onnx_runner
+
+        return onnx_runner
+    return None
 
 
 def train(spec: "str | Path | SweepSpec", out_dir: str | Path | None = None, *,
@@ -213,7 +224,7 @@ def retrain(spec: "str | Path | SweepSpec", *, run_id: str | None = None, best: 
 
         spec = _load(spec, check_predictor=False)  # the predictor is used by sweeps only
     return _retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
-                    metric=metric, where=tuple(where), progress=progress)
+                    metric=metric, where=tuple(where), progress=progress, latency_runner=latency_runner(spec))
 
 
 def leaderboard(experiment: str | None = None, *, metric: str = "bleu", top: int = 10, sweep_id: str | None = None,

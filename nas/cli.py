@@ -142,11 +142,12 @@ def retrain(file: Path = typer.Argument(..., help="Sweep YAML; its retrain secti
     """Train one sub-Transformer alone with the YAML's retrain recipe (resumable), tracked as an MLflow run with
     tag nas.role=retrain; export it with nas export --run-id."""
     spec = load_yaml(file, check_predictor=False, overrides=overrides)
+    from nas.api import latency_runner
     from nas.retraining import retrain as run_retrain
 
     try:
         result = run_retrain(spec, run_id=run_id, best=best, arch=arch, out_dir=out_dir, experiment=experiment,
-                             metric=metric, where=where or ())
+                             metric=metric, where=where or (), latency_runner=latency_runner(spec))
     except NasError as e:
         fail(str(e))
     m, r = result.metrics, result.recipe

@@ -73,10 +73,12 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), each interleaved
     with the reference arch, fit a latency predictor on their latency_ratio and report its held-out RMSE and MAPE."""
     spec = load_yaml(file, check_predictor=False)  # it may name the file this writes
+    from nas.api import latency_runner
     from nas.search import fit_latency
 
     try:
-        fit = fit_latency(spec, samples=samples, threads=threads, out_file=out_file, seed=seed)
+        fit = fit_latency(spec, samples=samples, threads=threads, out_file=out_file, seed=seed,
+                          latency_runner=latency_runner(spec))
     except NasError as e:
         fail(str(e))
     m, ref = fit.metrics, fit.reference

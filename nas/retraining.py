@@ -207,7 +207,7 @@ def _check_out_dir(out_dir: Path, marker: dict[str, Any]) -> bool:
 def retrain(spec: SweepSpec, *, run_id: str | None = None, best: bool = False, arch: str | Arch | None = None,
             out_dir: str | Path | None = None, experiment: str | None = None, metric: str = "bleu",
             where: Sequence[str] = (), include_infeasible: bool = False, progress: bool | None = None,
-            device: str | None = None) -> RetrainResult:
+            device: str | None = None, latency_runner: Any = None) -> RetrainResult:
     """Train one sub-Transformer alone with ``spec.retrain`` and track it (see the module docstring).
 
     Args:
@@ -219,6 +219,8 @@ def retrain(spec: SweepSpec, *, run_id: str | None = None, best: bool = False, a
         out_dir: the retrain folder (default ``<workdir>/<name>/retrain/<arch_id>-<init>-seed<seed>``).
         progress: a progress bar on stderr (default: when stderr is a terminal; else a line per checkpoint).
         device: default ``cuda`` when available, else ``cpu``.
+        latency_runner: ``search.latency_engine: onnxruntime``'s runner factory (``nas retrain`` and ``nas.api`` pass
+            :func:`nas.export.latency_engine.onnx_runner`; :func:`nas.search.trials.engine_runner`).
 
     Raises:
         BackendError: the MLflow tracking store does not answer (one line, before anything runs).
@@ -295,7 +297,8 @@ def _retrain_locked(spec: SweepSpec, source: _Source, recipe: dict[str, Any], su
                              role="retrain", parent_run_id=source.parent_run_id, tags=tags,
                              params=spec.redact({"retrain": recipe, "arch": source.arch.to_dict()}))
     try:
-        model, metrics = _train_and_score(spec, source.arch, recipe, supernet_dir, data, out_dir, progress, device)
+        model, metrics = _train_and_score(spec, source.arch, recipe, supernet_dir, data, out_dir, progress, device,
+                                          latency_runner)
         save_model(model, out_dir, "model")
         atomic_write_text(out_dir / "arch.json", json.dumps(source.arch.to_dict(), indent=2))
         shutil.copyfile(data.spm_model, out_dir / "spm.model")
@@ -310,7 +313,7 @@ def _retrain_locked(spec: SweepSpec, source: _Source, recipe: dict[str, Any], su
 
 
 def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supernet_dir: Path | None, data,
-                     out_dir: Path, progress: bool | None, device: str | None):
+                     out_dir: Path, progress: bool | None, device: str | None, latency_runner: Any = None):
     """Build the model (fresh or cropped), train it resumably, average the newest snapshots, score it."""
     import torch
     from rich.console import Console
@@ -360,12 +363,13 @@ def _train_and_score(spec: SweepSpec, arch: Arch, recipe: dict[str, Any], supern
     metrics = validation_scores(model, arch, vset, beam_size=recipe["beam_size"],
                                 len_penalty=recipe["length_penalty"], paper_lang=target_language(spec),
                                 max_tokens=recipe["max_tokens"])
-    metrics.update(_latency(spec, model, arch, data.vocab_size))
+    metrics.update(_latency(spec, model, arch, data.vocab_size, latency_runner, data.spm_model))
     metrics.update(params_m=count_params(model) / 1e6, **stats, steps=float(steps))
     return model, {k: float(v) for k, v in metrics.items()}
 
 
-def _latency(spec: SweepSpec, model, arch: Arch, vocab_size: int) -> dict[str, float]:
+def _latency(spec: SweepSpec, model, arch: Arch, vocab_size: int, latency_runner: Any = None,
+             spm_model: Path | None = None) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of ``model`` running ``arch``: the one
     measurement a sweep's trials use (:func:`nas.eval.latency.measure_latency_ratio`: the sweep's reference arch, a
     fresh model of it, timed interleaved; latency does not depend on weights), on the device a trial of this
@@ -384,8 +388,14 @@ def _latency(spec: SweepSpec, model, arch: Arch, vocab_size: int) -> dict[str, f
     device = latency_device(se.latency_device, scoring)
     reference = resolve_reference(spec, build_space(spec))
     reference_model = SuperTransformer.from_config(_arch_config(spec, vocab_size, reference)).eval().to(device)
-    measured = measure_latency_ratio(model.to(device), arch, reference_model, reference, workload=workload_of(se),
-                                     rounds=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)),
-                                     lock=MeasureLock())
+    from nas.search.trials import engine_runner
+
+    threads = max(1, int(se.cpu_per_trial))
+    runner = engine_runner(spec, latency_runner, spm_model, threads)
+    try:
+        measured = measure_latency_ratio(model.to(device), arch, reference_model, reference, workload=workload_of(se),
+                                         rounds=se.latency_repeats, threads=threads, lock=MeasureLock(), runner=runner)
+    finally:
+        getattr(runner, "close", lambda: None)()
     model.to("cpu")
     return measured

@@ -50,7 +50,7 @@ def default_predictor_path(spec: SweepSpec) -> Path:
 
 
 def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = None, out_file: str | Path | None = None,
-                seed: int = 0, progress: bool = True) -> LatencyFit:
+                seed: int = 0, progress: bool = True, latency_runner: Any = None) -> LatencyFit:
     """Time ``samples`` sub-Transformers (widest, narrowest, then random; plus the latency reference) of the
     sweep's trained supernet on this machine and fit the latency predictor.
 
@@ -58,6 +58,8 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
         threads: torch threads while timing (default ``search.cpu_per_trial``).
         out_file: the predictor file (default :func:`default_predictor_path`).
         seed: of the sampled archs and of the MLP.
+        latency_runner: ``search.latency_engine: onnxruntime``'s runner factory (``nas latency fit`` passes
+            :func:`nas.export.latency_engine.onnx_runner`; :func:`nas.search.trials.engine_runner`).
 
     Raises:
         OutputPathError: ``out_file`` is a folder. NasError: no trained supernet in ``<workdir>/<name>/supernet``
@@ -80,8 +82,18 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
         raise NasError(f"no trained supernet in {supernet_dir}; run `nas sweep FILE` or `nas train FILE` with the "
                        f"YAML of {spec.name!r} first")
     model = load_model(supernet_dir, "supernet").eval()
-    measured = collect_fixed_samples(model, spec, samples, space=build_space(spec), seed=seed, threads=threads, lock=MeasureLock(),
-                                     progress=progress)
+    runner = None
+    if spec.search.latency_engine != "torch":
+        from nas.builders import prepare_sweep_data
+        from nas.search.trials import engine_runner
+
+        runner = engine_runner(spec, latency_runner, prepare_sweep_data(spec, progress=False).spm_model,
+                               threads or max(1, int(spec.search.cpu_per_trial)))
+    try:
+        measured = collect_fixed_samples(model, spec, samples, space=build_space(spec), seed=seed, threads=threads,
+                                         lock=MeasureLock(), progress=progress, runner=runner)
+    finally:
+        getattr(runner, "close", lambda: None)()
     metrics = fit_predictor_file(measured, spec, target, seed=seed)
     atomic_write_text(target.with_name(target.stem + ".samples.json"), json.dumps(measured, indent=1))
     return LatencyFit(target, measured, {k: float(v) for k, v in metrics.items()},

@@ -380,6 +380,13 @@ def time_samples(config: dict[str, Any], *, ctx, out: Path) -> None:
     model = load_supernet(str(ctx.supernet_dir))
     if spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # where the trials score, and so time
         model.to("cuda")
-    samples = collect_fixed_samples(model, spec, spec.search.evolution.predictor_samples, space=build_space(spec))
+    from nas.search.trials import engine_runner
+
+    runner = engine_runner(spec, ctx.latency_runner, ctx.data.spm_model, max(1, int(spec.search.cpu_per_trial)))
+    try:
+        samples = collect_fixed_samples(model, spec, spec.search.evolution.predictor_samples, space=build_space(spec),
+                                        runner=runner)
+    finally:
+        getattr(runner, "close", lambda: None)()
     atomic_write_text(out, json.dumps(samples))
     tune.report({"samples": len(samples)})

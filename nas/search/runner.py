@@ -172,7 +172,7 @@ def _write_record(spec: SweepSpec, spec_path: str | Path, record: SweepRecord) -
 
 
 def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = None,
-              resume: bool = False) -> SweepResult:
+              resume: bool = False, latency_runner: Any = None) -> SweepResult:
     """Run a whole sweep, or continue it: train (or reuse) the supernet, then ``search.trials`` Optuna trials.
 
     Args:
@@ -180,6 +180,8 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         spec_path: the YAML file (logged as an artifact of the sweep's parent run).
         address: a Ray cluster to join (default: start a local one).
         resume: only continue an existing sweep (error if ``<workdir>/<name>/sweep.json`` is missing).
+        latency_runner: ``search.latency_engine: onnxruntime``'s runner factory
+            (:attr:`SweepContext.latency_runner`; ``nas.api`` passes :func:`nas.export.latency_engine.onnx_runner`).
 
     Raises:
         SpecError: resources that the Ray cluster cannot provide, an unreachable Optuna storage, no sweep to
@@ -198,10 +200,11 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
         raise SpecError(f"no sweep named {spec.name!r} to resume: {run_dir / SWEEP_FILE} does not exist; "
                         f"start it with `nas sweep FILE`")
     with run_lock(run_dir, f"nas sweep {spec.name}"):  # before data is prepared or anything is written
-        return _run_locked(spec, spec_path, address, resume)
+        return _run_locked(spec, spec_path, address, resume, latency_runner)
 
 
-def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, resume: bool) -> SweepResult:
+def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, resume: bool,
+                latency_runner: Any = None) -> SweepResult:
     """:func:`run_sweep` with the run folder's lock held."""
     run_dir = spec.run_dir.resolve()
     connected: list[bool] = []  # whether encoding the data on the cluster connected to Ray
@@ -232,7 +235,7 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             if killed:
                 console.print(f"marked {len(killed)} MLflow run(s) left RUNNING by the killed driver as KILLED")
             ctx = SweepContext(spec=spec, data=data, supernet_dir=supernet_dir,
-                               results_dir=results_dir(spec, sweep_id))
+                               results_dir=results_dir(spec, sweep_id), latency_runner=latency_runner)
             supernet_metrics = _train_stage(spec, ctx, experiment, parent, tags, sweep_id)
             _log_supernet_files(experiment, parent, supernet_dir, Path(data.root))
             level1_metrics: dict[str, float] = {}

@@ -67,6 +67,10 @@ class SweepContext:
     level1_predictor: Path | None = None
     """The latency predictor level 1 chose the archs with (two-level search): each trial reports its predicted
     ``latency_ratio_pred`` beside the measured ratio; None: ``search.latency_predictor`` or nothing."""
+    latency_runner: Any = None
+    """``search.latency_engine: onnxruntime``'s runner factory, ``(spm_model, threads) -> Runner``
+    (:func:`nas.export.latency_engine.onnx_runner`), supplied by the layer that starts the sweep (``nas.api``);
+    None: PyTorch's beam search."""
 
 
 def train_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
@@ -138,7 +142,8 @@ def validation_set(data: PreparedData, sentences: int | None) -> ValidationSet:
 
 
 def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedData, *,
-               lock: MeasureLock | None = None, level1_predictor: Path | None = None) -> dict[str, float]:
+               lock: MeasureLock | None = None, level1_predictor: Path | None = None,
+               latency_runner: Any = None) -> dict[str, float]:
     """Score a sub-Transformer with inherited weights on the validation set.
 
     Returns ``bleu``, ``chrf`` (sacrebleu, detokenized, beam search with ``search.beam_size``),
@@ -190,7 +195,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
         metrics["latency_reference_ms"] = predictor.reference_ms
         metrics["latency_ms"] = predicted * predictor.reference_ms
         return metrics
-    metrics.update(_measure(model, sub, arch, reference, spec, lock))
+    metrics.update(_measure(model, sub, arch, reference, spec, lock, latency_runner, data.spm_model))
     if predicted is not None:
         from nas.eval.latency import check_drift
 
@@ -204,16 +209,38 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 
 
 def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, reference: Arch, spec: SweepSpec,
-             lock: MeasureLock) -> dict[str, float]:
+             lock: MeasureLock, latency_runner: Any, spm_model: Path) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of the extracted ``sub`` (see
-    :func:`score_arch`): it and the extracted reference timed interleaved, in one exclusive hold of ``lock``."""
+    :func:`score_arch`): it and the extracted reference timed interleaved on ``search.latency_engine``
+    (:func:`engine_runner`), in one exclusive hold of ``lock``."""
     from nas.eval.latency import measure_latency_ratio
 
     se = spec.search
     device = latency_device(se.latency_device, next(model.parameters()).device)
     reference_model = extract(model, reference).eval().to(device)
-    return measure_latency_ratio(sub.to(device), arch, reference_model, reference, workload=workload_of(se),
-                                 rounds=se.latency_repeats, threads=max(1, int(se.cpu_per_trial)), lock=lock)
+    threads = max(1, int(se.cpu_per_trial))
+    runner = engine_runner(spec, latency_runner, spm_model, threads)
+    try:
+        return measure_latency_ratio(sub.to(device), arch, reference_model, reference, workload=workload_of(se),
+                                     rounds=se.latency_repeats, threads=threads, lock=lock, runner=runner)
+    finally:
+        getattr(runner, "close", lambda: None)()
+
+
+def engine_runner(spec: SweepSpec, factory: Any, spm_model: Path, threads: int) -> Any:
+    """The runner of ``search.latency_engine`` (:func:`nas.eval.latency.measure_latency_ratio`'s ``runner``): None
+    (PyTorch) for ``torch``; ``factory(spm_model, threads)`` for ``onnxruntime``.
+
+    Raises:
+        NasError: ``onnxruntime`` without a factory (a sweep started below ``nas.api``, which supplies it).
+    """
+    if spec.search.latency_engine == "torch":
+        return None
+    if factory is None:
+        raise NasError("search.latency_engine: onnxruntime needs the ONNX engine, which `nas sweep`, `nas retrain`, "
+                       "`nas latency fit` and nas.api supply; start the sweep through them, or set latency_engine: "
+                       "torch")
+    return factory(spm_model, threads)
 
 
 def feasibility(metrics: dict[str, float], spec: SweepSpec) -> dict[str, Any]:
@@ -256,7 +283,8 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
             model = load_supernet(str(ctx.supernet_dir))
         if ctx.spec.search.gpu_per_trial > 0 and torch.cuda.is_available():  # Ray gave this trial (a share of) a GPU
             model.to("cuda")  # in place: the worker's cached supernet stays there for the next trial
-        metrics = score_arch(model, arch, ctx.spec, ctx.data, level1_predictor=ctx.level1_predictor)
+        metrics = score_arch(model, arch, ctx.spec, ctx.data, level1_predictor=ctx.level1_predictor,
+                             latency_runner=ctx.latency_runner)
     except torch.OutOfMemoryError as e:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -17,7 +17,7 @@ import torch
 from nas.search.searcher import OPTUNA_TRIAL_KEY, DurableOptunaSearch, StudyRef
 from nas.search.trials import DefineByRun, feasibility, score_arch
 from nas.space.space import SearchSpace
-from nas.space import parse_constraint, parse_spec
+from nas.space import SpecError, parse_constraint, parse_spec
 from tests.conftest import tiny_spec_dict
 
 OBJECTIVES = [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]
@@ -336,3 +336,34 @@ def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
     spec = parse_spec({**raw, "search": {**raw["search"], "latency_device": "cpu", "latency_repeats": 1}})
     assert score_arch(model, arch, spec, data)["latency_ms"] > 0
     assert seen == [(torch.device("cpu"), torch.device("cpu"))]  # the arch and the reference, interleaved
+
+
+def test_latency_engine_onnxruntime_times_the_trial_on_the_exported_translator(scored, monkeypatch):
+    """``search.latency_engine: onnxruntime``: a trial's latency comes from the ONNX translator (its decoder steps are
+    counted there), with the runner factory the API hands down; without one the trial says how to start it."""
+    from nas.api import latency_runner
+    from nas.errors import NasError
+    from nas.export.translate_onnx import OnnxTranslator
+
+    raw, data, model, arch, _ = scored
+    spec = parse_spec({**raw, "search": {**raw["search"], "latency_engine": "onnxruntime", "latency_repeats": 2,
+                                         "latency_workload": {"src_tokens": 6, "tgt_tokens": 3}}})
+    steps = []
+    real_step = OnnxTranslator.step
+
+    def counting_step(self, *args):
+        steps.append(1)
+        return real_step(self, *args)
+    monkeypatch.setattr(OnnxTranslator, "step", counting_step)
+    metrics = score_arch(model, arch, spec, data, latency_runner=latency_runner(spec))
+    assert metrics["latency_ms"] > 0 and metrics["latency_ratio"] > 0
+    assert len(steps) == 3 * (2 * 2 + 2 + 3)  # tgt_tokens x (2 warm-up runs of each, 2 candidate, 3 reference runs)
+    with pytest.raises(NasError, match="latency_engine: onnxruntime needs the ONNX engine"):
+        score_arch(model, arch, spec, data)
+    assert latency_runner(parse_spec(raw)) is None  # torch: PyTorch's own beam search
+
+
+def test_latency_engine_onnxruntime_on_a_gpu_trial_is_refused_naming_the_fix(multi30k, tmp_path):
+    raw = tiny_spec_dict(multi30k, tmp_path, search={"latency_engine": "onnxruntime", "gpu_per_trial": 1})
+    with pytest.raises(SpecError, match="latency_engine: onnxruntime times on the CPU.*set latency_device: cpu"):
+        parse_spec(raw)

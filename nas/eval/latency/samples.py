@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from nas.errors import NasError
-from nas.eval.latency.ratio import DEFAULT_ROUNDS, WARMUP_ROUNDS, latency_device, measure_latency_ratio
+from nas.eval.latency.ratio import DEFAULT_ROUNDS, WARMUP_ROUNDS, Runner, latency_device, measure_latency_ratio
 from nas.eval.latency.timing import DEFAULT_WORKLOAD, describe_device, torch_threads
 from nas.eval.measure_lock import MeasureLock
 from nas.model.supernet import SuperTransformer, extract
@@ -73,7 +73,8 @@ def _sample_archs(space: SearchSpace, n: int, seed: int, reference: Arch) -> lis
 def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
                     workload: Mapping[str, int] | None = None, reference: Arch | None = None, seed: int = 0,
                     rounds: int = DEFAULT_ROUNDS, warmup: int = WARMUP_ROUNDS, threads: int | None = None,
-                    lock: MeasureLock | None = None, progress: bool = True) -> list[dict[str, Any]]:
+                    lock: MeasureLock | None = None, progress: bool = True,
+                    runner: Runner | None = None) -> list[dict[str, Any]]:
     """Measure the latency of ``n`` distinct sub-Transformers of ``space`` on one workload (HAT sec. 3.3's dataset).
 
     The first two are the widest and the narrowest, the rest uniformly random (``space.sample`` with
@@ -94,6 +95,7 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
         threads: torch threads while measuring (None: the process's; the sweep's trials run with
             ``search.cpu_per_trial``), restored afterwards.
         lock: the node's measurement lock, held exclusively during each measurement (None: none).
+        runner: the engine (:func:`measure_latency_ratio`; None: PyTorch); its samples' ``device`` says which.
 
     Returns:
         One JSON-ready dict per arch: ``arch`` (:meth:`Arch.to_dict`), ``arch_id``, ``model_dim``, ``workload``,
@@ -111,18 +113,19 @@ def collect_samples(supernet: SuperTransformer, space: SearchSpace, n: int, *,
     archs = _sample_archs(space, n, seed, reference)
     device = next(supernet.parameters()).device
     with torch_threads(threads or torch.get_num_threads()):
-        return _measure_all(supernet, archs, workload, reference, rounds, warmup, device, lock, progress)
+        return _measure_all(supernet, archs, workload, reference, rounds, warmup, device, lock, progress, runner)
 
 
 def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *, space: SearchSpace,
                           seed: int | None = None,
                           threads: int | None = None, lock: MeasureLock | None = None,
-                          progress: bool = False) -> list[dict[str, Any]]:
+                          progress: bool = False, runner: Runner | None = None) -> list[dict[str, Any]]:
     """:func:`collect_samples` as a sweep times its trials: ``space`` (the sweep's, :func:`nas.builders.build_space`),
     the workload (:func:`workload_of`), reference
     (:func:`resolve_reference`) and ``search.latency_repeats`` (interleaved rounds) of ``spec``, on the device
     ``search.latency_device`` names for a supernet on its device (:func:`latency_device`; the supernet is moved
-    there); ``seed`` None: ``search.seed``; ``threads`` None: ``search.cpu_per_trial``.
+    there); ``seed`` None: ``search.seed``; ``threads`` None: ``search.cpu_per_trial``; ``runner``: the engine of
+    ``search.latency_engine`` (:func:`nas.search.trials.engine_runner`; None: PyTorch).
 
     Raises:
         NasError: a bad ``search.latency_reference``.
@@ -132,13 +135,14 @@ def collect_fixed_samples(supernet: SuperTransformer, spec: SweepSpec, n: int, *
     return collect_samples(supernet, space, n, workload=workload_of(spec.search),
                            reference=resolve_reference(spec, space),
                            seed=spec.search.seed if seed is None else seed, rounds=spec.search.latency_repeats,
-                           threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=lock, progress=progress)
+                           threads=threads or max(1, int(spec.search.cpu_per_trial)), lock=lock, progress=progress,
+                           runner=runner)
 
 
 def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[str, int], reference: Arch,
                  rounds: int, warmup: int, device: torch.device, lock: MeasureLock | None,
-                 progress: bool) -> list[dict[str, Any]]:
-    where = describe_device(device)
+                 progress: bool, runner: Runner | None) -> list[dict[str, Any]]:
+    where = describe_device(device) + ("" if runner is None else ", onnxruntime")
     threads = torch.get_num_threads()
     reference_model = extract(supernet, reference).to(device)
     samples = []
@@ -147,7 +151,7 @@ def _measure_all(supernet: SuperTransformer, archs: list[Arch], workload: dict[s
         for arch in archs:
             model = extract(supernet, arch).to(device)
             measured = measure_latency_ratio(model, arch, reference_model, reference, workload=workload,
-                                             rounds=rounds, warmup=warmup, threads=threads, lock=lock)
+                                             rounds=rounds, warmup=warmup, threads=threads, lock=lock, runner=runner)
             samples.append({"arch": arch.to_dict(), "arch_id": arch.arch_id, "model_dim": supernet.model_dim,
                             "workload": dict(workload), "batch_size": workload["batch"], "beam_size": workload["beam"],
                             **measured, "device": where, "reference": arch.arch_id == reference.arch_id})

@@ -129,6 +129,14 @@ class SearchSpec(StrictModel):
     (``Arch.to_json``), timed once per worker process and device on the same workload."""
     evolution: EvolutionSpec = EvolutionSpec()
     """Settings of ``method: evolution`` (ignored by the other methods)."""
+    latency_engine: Literal["torch", "onnxruntime"] = "torch"
+    """What runs the fixed workload when a latency is measured (trials, level 1's predictor samples, ``nas latency
+    fit``, ``nas retrain``): ``torch``, the sub-Transformer's own beam search in PyTorch (what ``nas translate`` and the
+    MLflow model run; CPU or GPU); ``onnxruntime``, the sub-Transformer and the reference exported to ONNX first and
+    timed in onnxruntime on the CPU (what ``nas export --onnx``'s ``translate_onnx.py`` runs). Choose the engine you
+    will serve with: the ratios differ between engines. ``onnxruntime`` adds two ONNX exports (seconds) to each
+    measurement, needs ``latency_device`` to resolve to the CPU, and runs only through ``nas sweep`` /
+    ``nas.api`` (which supply the engine to the search)."""
     latency_device: Literal["trial", "cpu", "cuda"] = "trial"
     """Where ``latency_ms`` is timed: ``trial``, the device the trial scores on (its GPU with ``gpu_per_trial``
     > 0, else the CPU); ``cpu``, the CPU even when the trial scores on a GPU (a model to be served on CPUs,
@@ -183,6 +191,10 @@ class SearchSpec(StrictModel):
         if self.latency == "predicted" and self.latency_predictor is None:
             raise ValueError("latency: predicted needs latency_predictor: a file written by "
                              "`nas latency fit FILE --out PATH`; or set latency: measured")
+        if self.latency_engine == "onnxruntime" and (self.latency_device == "cuda" or (
+                self.latency_device == "trial" and self.gpu_per_trial > 0)):
+            raise ValueError("latency_engine: onnxruntime times on the CPU, but latency_device resolves to the GPU; "
+                             "set latency_device: cpu, or latency_engine: torch")
         if self.latency_device == "cuda" and self.gpu_per_trial <= 0:
             raise ValueError("latency_device: cuda needs gpu_per_trial > 0 (a GPU for each trial); set "
                              "gpu_per_trial, or latency_device: trial or cpu")
