@@ -384,3 +384,19 @@ def s3_storage(monkeypatch) -> Iterator[str]:
         yield f"s3://{S3_BUCKET}/ray?endpoint_override={host}:{port}&scheme=http"
     finally:
         server.stop()
+
+
+@pytest.fixture
+def translator_steps(monkeypatch) -> list[int]:
+    """Counts the decoder steps of every ONNX translator (``translate_onnx.py``'s ``OnnxTranslator.step``, the real
+    one, passed through) while the test runs: one item per step."""
+    from nas.export.translate_onnx import OnnxTranslator
+
+    steps: list[int] = []
+    real_step = OnnxTranslator.step
+
+    def counting_step(self, *args):
+        steps.append(1)
+        return real_step(self, *args)
+    monkeypatch.setattr(OnnxTranslator, "step", counting_step)
+    return steps

@@ -7,34 +7,16 @@ import torch
 
 from nas.eval.latency import measure_latency_ratio
 from nas.export.latency_engine import onnx_runner
-from nas.export.translate_onnx import OnnxTranslator
-from tests.eval.latency.conftest import MODEL_DIM, tiny_space
+from tests.eval.latency.conftest import deep_and_shallow
 
 WORKLOAD = {"src_tokens": 10, "tgt_tokens": 8, "beam": 2, "batch": 1}
 
 
-def _deep_and_shallow():
-    """A tiny untrained supernet whose widest arch (2+3 layers) is about twice as slow as its narrowest (1+1)."""
-    from nas.model.supernet import SuperTransformer
-
-    torch.manual_seed(0)
-    space, spec = tiny_space({"encoder_layers": {"values": [1, 2]}, "decoder_layers": {"values": [1, 3]},
-                              "width": {"values": [16, 32], "per_layer": True}, "ffn_width": {"values": [32, 64]}},
-                             encoder_layers=2, decoder_layers=3, kernels=[])
-    return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()
-
-
-def test_onnxruntime_runs_exactly_the_workload_s_decoder_steps_and_the_deeper_arch_is_slower(tiny_data, monkeypatch):
+def test_onnxruntime_runs_exactly_the_workload_s_decoder_steps_and_the_deeper_arch_is_slower(tiny_data,
+                                                                                              translator_steps):
     """Both models exported and run by ``translate_onnx.py``'s beam search; each run is ``tgt_tokens`` decoder
     steps (counted on the translator, not on our model), and the deep widest arch is slower than the narrowest."""
-    space, supernet = _deep_and_shallow()
-    steps = []
-    real_step = OnnxTranslator.step
-
-    def counting_step(self, *args):
-        steps.append(1)
-        return real_step(self, *args)
-    monkeypatch.setattr(OnnxTranslator, "step", counting_step)
+    space, supernet = deep_and_shallow()
     runner = onnx_runner(tiny_data.spm_model, threads=1)
     try:
         m = measure_latency_ratio(supernet, space.widest(), supernet, space.narrowest(), workload=WORKLOAD, rounds=3,
@@ -42,12 +24,11 @@ def test_onnxruntime_runs_exactly_the_workload_s_decoder_steps_and_the_deeper_ar
     finally:
         runner.close()
     runs = 2 * 1 + 3 + 4  # warm-up 1 of each, then R0 C0 R1 C1 R2 C2 R3
-    assert len(steps) == WORKLOAD["tgt_tokens"] * runs
+    assert len(translator_steps) == WORKLOAD["tgt_tokens"] * runs
     assert m["latency_ratio"] > 1.2, m
 
 
 def test_onnxruntime_refuses_a_model_off_the_cpu(tiny_data):
-    space, supernet = _deep_and_shallow()
     runner = onnx_runner(tiny_data.spm_model)
     with pytest.raises(ValueError, match="latency_engine: onnxruntime times on the CPU, but the model is on meta"):
         runner(torch.nn.Linear(1, 1, device="meta"), None, WORKLOAD)

@@ -338,26 +338,18 @@ def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
     assert seen == [(torch.device("cpu"), torch.device("cpu"))]  # the arch and the reference, interleaved
 
 
-def test_latency_engine_onnxruntime_times_the_trial_on_the_exported_translator(scored, monkeypatch):
+def test_latency_engine_onnxruntime_times_the_trial_on_the_exported_translator(scored, translator_steps):
     """``search.latency_engine: onnxruntime``: a trial's latency comes from the ONNX translator (its decoder steps are
     counted there), with the runner factory the API hands down; without one the trial says how to start it."""
     from nas.api import latency_runner
     from nas.errors import NasError
-    from nas.export.translate_onnx import OnnxTranslator
 
     raw, data, model, arch, _ = scored
     spec = parse_spec({**raw, "search": {**raw["search"], "latency_engine": "onnxruntime", "latency_repeats": 2,
                                          "latency_workload": {"src_tokens": 6, "tgt_tokens": 3}}})
-    steps = []
-    real_step = OnnxTranslator.step
-
-    def counting_step(self, *args):
-        steps.append(1)
-        return real_step(self, *args)
-    monkeypatch.setattr(OnnxTranslator, "step", counting_step)
     metrics = score_arch(model, arch, spec, data, latency_runner=latency_runner(spec))
     assert metrics["latency_ms"] > 0 and metrics["latency_ratio"] > 0
-    assert len(steps) == 3 * (2 * 2 + 2 + 3)  # tgt_tokens x (2 warm-up runs of each, 2 candidate, 3 reference runs)
+    assert len(translator_steps) == 3 * (2 * 2 + 2 + 3)  # tgt_tokens x (2 warm-up runs of each, 2 candidate, 3 reference runs)
     with pytest.raises(NasError, match="latency_engine: onnxruntime needs the ONNX engine"):
         score_arch(model, arch, spec, data)
     assert latency_runner(parse_spec(raw)) is None  # torch: PyTorch's own beam search

@@ -43,3 +43,14 @@ def tiny_supernet(seed: int) -> tuple[SearchSpace, SuperTransformer]:
     space, spec = tiny_space({"encoder_layers": {"values": [1, 2]}, "width": {"values": [16, 32], "per_layer": True},
                               "ffn_width": {"values": [32, 64]}}, encoder_layers=2, decoder_layers=1, kernels=[])
     return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()
+
+
+def deep_and_shallow():
+    """A tiny untrained supernet whose widest arch (2+3 layers) is about twice as slow as its narrowest (1+1)."""
+    from nas.model.supernet import SuperTransformer
+
+    torch.manual_seed(0)
+    space, spec = tiny_space({"encoder_layers": {"values": [1, 2]}, "decoder_layers": {"values": [1, 3]},
+                              "width": {"values": [16, 32], "per_layer": True}, "ffn_width": {"values": [32, 64]}},
+                             encoder_layers=2, decoder_layers=3, kernels=[])
+    return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()

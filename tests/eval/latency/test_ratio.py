@@ -14,7 +14,7 @@ import torch
 import nas.eval.latency.ratio as ratio_module
 from nas.eval.latency import interleaved_timings, measure_latency_ratio
 from nas.eval.latency.ratio import summarize_interleaved
-from tests.eval.latency.conftest import MODEL_DIM, tiny_space, tiny_supernet
+from tests.eval.latency.conftest import MODEL_DIM, deep_and_shallow, tiny_space, tiny_supernet
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -70,17 +70,6 @@ def _busy(stop) -> None:
     a = torch.randn(192, 192)
     while not stop.is_set():
         a = torch.tanh(a @ a)
-
-
-def deep_and_shallow():
-    """A tiny untrained supernet whose widest arch (2+3 layers) is about twice as slow as its narrowest (1+1)."""
-    from nas.model.supernet import SuperTransformer
-
-    torch.manual_seed(0)
-    space, spec = tiny_space({"encoder_layers": {"values": [1, 2]}, "decoder_layers": {"values": [1, 3]},
-                              "width": {"values": [16, 32], "per_layer": True}, "ffn_width": {"values": [32, 64]}},
-                             encoder_layers=2, decoder_layers=3, kernels=[])
-    return space, SuperTransformer(100, MODEL_DIM, 2, space.supernet_maxima(spec), max_positions=64).eval()
 
 
 def _ratio_in_a_worker(queue, loaded: bool) -> None:
