@@ -243,7 +243,7 @@ def retrain(spec: SweepSpec, *, run_id: str | None = None, best: bool = False, a
     marker = _marker(arch, recipe, source, spec)
     _check_out_dir(out_dir, marker)
     with run_lock(lock_folder(spec.run_dir, out_dir), f"nas retrain {spec.name}"):
-        return _retrain_locked(spec, source, recipe, supernet_dir, out_dir, marker, progress, device)
+        return _retrain_locked(spec, source, recipe, supernet_dir, out_dir, marker, progress, device, latency_runner)
 
 
 def _inherited_supernet(spec: SweepSpec, source: _Source) -> Path:
@@ -269,7 +269,7 @@ def _inherited_supernet(spec: SweepSpec, source: _Source) -> Path:
 
 def _retrain_locked(spec: SweepSpec, source: _Source, recipe: dict[str, Any], supernet_dir: Path | None,
                     out_dir: Path, marker: dict[str, Any], progress: bool | None,
-                    device: str | None) -> RetrainResult:
+                    device: str | None, latency_runner: Any = None) -> RetrainResult:
     from nas import tracking
     from nas.builders import prepare_sweep_data
     from nas.model.io import save_model

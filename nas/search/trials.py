@@ -209,7 +209,7 @@ def score_arch(model: SuperTransformer, arch, spec: SweepSpec, data: PreparedDat
 
 
 def _measure(model: SuperTransformer, sub: SuperTransformer, arch: Arch, reference: Arch, spec: SweepSpec,
-             lock: MeasureLock, latency_runner: Any, spm_model: Path) -> dict[str, float]:
+             lock: MeasureLock, latency_runner: Any = None, spm_model: Path | None = None) -> dict[str, float]:
     """``latency_ms``, ``latency_reference_ms`` and ``latency_ratio`` of the extracted ``sub`` (see
     :func:`score_arch`): it and the extracted reference timed interleaved on ``search.latency_engine``
     (:func:`engine_runner`), in one exclusive hold of ``lock``."""

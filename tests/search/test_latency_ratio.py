@@ -73,7 +73,8 @@ def test_score_arch_times_the_arch_interleaved_with_the_reference_in_every_trial
     first = score_arch(model, space.widest(), spec, data)
     assert [(a, r) for a, r, _ in calls] == [(space.widest().arch_id, space.narrowest().arch_id)]
     assert calls[0][2] == {"workload": {"src_tokens": 8, "tgt_tokens": 6, "beam": 2, "batch": 1}, "rounds": 2,
-                           "warmup": 2, "threads": 1, "lock": calls[0][2]["lock"]}  # the YAML's workload and rounds
+                           "warmup": 2, "threads": 1, "lock": calls[0][2]["lock"],
+                           "runner": None}  # the YAML's workload and rounds, PyTorch's engine
     assert calls[0][2]["lock"] is not None  # timed holding the node's lock
     assert first["latency_ms"] > 0 and first["latency_reference_ms"] > 0 and first["latency_ratio"] > 0
     second = score_arch(model, space.middle(), spec, data)
