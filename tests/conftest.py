@@ -62,6 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 _UNMARKED_SWEEPS = pytest.StashKey[list[str]]()
+_SWEEPS_BY_TEST = pytest.StashKey[dict[str, int]]()
 
 
 @pytest.hookimpl(wrapper=True)
@@ -73,13 +74,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     try:
         return (yield)
     finally:
-        if counter and item.get_closest_marker("slow") is None and counter.sessions_with_tune() - before:
+        started = len(counter.sessions_with_tune() - before) if counter else 0
+        if started:
+            item.config.stash.setdefault(_SWEEPS_BY_TEST, {})[item.nodeid] = started
+        if started and item.get_closest_marker("slow") is None:
             item.config.stash.setdefault(_UNMARKED_SWEEPS, []).append(item.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if _RAY_COUNTER in config.stash:
         terminalreporter.write_sep("=", config.stash[_RAY_COUNTER].counts().line())
+        for nodeid, started in sorted(config.stash.get(_SWEEPS_BY_TEST, {}).items()):
+            terminalreporter.write_line(f"{started} Ray sweep(s) in {nodeid} (or its fixtures)")
         for nodeid in config.stash.get(_UNMARKED_SWEEPS, []):
             terminalreporter.write_line(f"Ray Tune ran in a test not marked slow: {nodeid}")
 
