@@ -12,10 +12,11 @@ environment, so setting it for ``nas sweep`` reaches the trials)::
   caller's NaN check must then turn it into ``FloatingPointError``).
 - WHEN ``always`` (default): every call; ``first``: only a trial's first attempt (counted in the
   ``attempts`` file the caller names, so a retry from ``search.max_failures`` succeeds); ``even``:
-  trials with an even number; ``trialN``: the trial numbered N only; a number P in (0, 1): each call with
-  probability P.
+  trials with an even number; ``trialN``: the trial numbered N only; ``trialNfirst``: the first attempt of the
+  trial numbered N only (a retry of it succeeds, while other trials of the sweep keep their own faults); a number P
+  in (0, 1): each call with probability P.
 - Several faults, comma-separated, arm one point together: the first whose WHEN holds fires, so one sweep can
-  carry independent faults, e.g. ``raise:trial0,nan:trial1,oom:trial2``.
+  carry independent faults, e.g. ``raise:trial0,nan:trial1,oom:trial2,raise:trial3first``.
 
 The points today: ``score_trial`` (:func:`nas.search.trials.score_trial`).
 
@@ -82,10 +83,10 @@ def parse(value: str | None) -> list[tuple[str, str]] | None:
         kind, _, when = item.strip().partition(":")
         when = when or "always"
         if kind not in KINDS or not (when in ("always", "first", "even") or _trial(when) is not None
-                                     or _probability(when) is not None):
+                                     or _trial_first(when) is not None or _probability(when) is not None):
             raise FaultSpecError(f"{ENV}={value!r}: expected KIND[:WHEN][,KIND[:WHEN]...], KIND in "
-                                 f"{'|'.join(KINDS)}, WHEN always|first|even|trialN|P with 0 < P < 1 (a test-only "
-                                 f"hook: unset it, or set it to 0, to run without injected faults)")
+                                 f"{'|'.join(KINDS)}, WHEN always|first|even|trialN|trialNfirst|P with 0 < P < 1 "
+                                 f"(a test-only hook: unset it, or set it to 0, to run without injected faults)")
         armed.append((kind, when))
     return armed
 
@@ -156,8 +157,9 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
 
     Args:
         name: the point's name (see the module docstring).
-        number: the trial's number (for WHEN ``even`` and ``trialN``).
-        attempts: a file counting this trial's attempts (for WHEN ``first``); updated atomically.
+        number: the trial's number (for WHEN ``even``, ``trialN`` and ``trialNfirst``).
+        attempts: a file counting this trial's attempts (for WHEN ``first`` and ``trialNfirst``); updated
+            atomically.
         label: what the injected error says failed (default: ``name``).
 
     Returns:
@@ -167,7 +169,7 @@ def point(name: str, *, number: int | None = None, attempts: str | Path | None =
         RuntimeError: armed with ``raise``.
         torch.OutOfMemoryError: armed with ``oom``.
         FaultSpecError: a malformed :data:`ENV` value (see :func:`parse`).
-        ValueError: WHEN ``first`` without an ``attempts`` file.
+        ValueError: WHEN ``first`` (or ``trialNfirst`` on trial N) without an ``attempts`` file.
     """
     armed = parse(os.environ.get(ENV))
     kind = next((kind for kind, when in armed or () if _armed(when, number, attempts)), None)
@@ -187,9 +189,9 @@ def _armed(when: str, number: int | None, attempts: str | Path | None) -> bool:
     if when == "always":
         return True
     if when == "first":
-        if attempts is None:
-            raise ValueError(f"{ENV}=...:first needs a search trial with a results folder")
-        return _count_attempt(Path(attempts)) == 1
+        return _first_attempt(attempts, when)
+    if _trial_first(when) is not None:  # counted only on trial N: other trials' attempts files are left alone
+        return number is not None and int(number) == _trial_first(when) and _first_attempt(attempts, when)
     if when == "even":
         return number is not None and int(number) % 2 == 0
     if _trial(when) is not None:
@@ -201,6 +203,19 @@ def _trial(when: str) -> int | None:
     """N of a WHEN ``trialN``, else None."""
     rest = when.removeprefix("trial")
     return int(rest) if rest != when and rest.isdigit() else None
+
+
+def _trial_first(when: str) -> int | None:
+    """N of a WHEN ``trialNfirst``, else None."""
+    rest = when.removesuffix("first")
+    return _trial(rest) if rest != when else None
+
+
+def _first_attempt(attempts: str | Path | None, when: str) -> bool:
+    """Whether this is the trial's first attempt (counted in ``attempts``, which is then updated)."""
+    if attempts is None:
+        raise ValueError(f"{ENV}=...:{when} needs a search trial with a results folder")
+    return _count_attempt(Path(attempts)) == 1
 
 
 def _count_attempt(path: Path) -> int:

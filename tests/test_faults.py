@@ -38,6 +38,24 @@ def test_first_fires_on_the_first_attempt_only(monkeypatch, tmp_path):
     assert attempts.read_text() == "2"
 
 
+def test_trial_n_first_fires_on_the_first_attempt_of_trial_n_only(monkeypatch, tmp_path):
+    """``trialNfirst``: a retry of trial N succeeds; other trials neither fire nor have their attempts counted."""
+    monkeypatch.setenv(faults.ENV, "nan:trial3first")
+    attempts = {n: tmp_path / f"{n:05d}.attempts" for n in (2, 3)}
+    assert faults.point("score_trial", number=2, attempts=attempts[2]) is None
+    assert faults.point("score_trial", number=3, attempts=attempts[3]) == "nan"
+    assert faults.point("score_trial", number=3, attempts=attempts[3]) is None
+    assert attempts[3].read_text() == "2" and not attempts[2].exists()
+
+
+def test_trial_n_first_beside_an_always_fault_leaves_the_other_trial_failing(monkeypatch, tmp_path):
+    monkeypatch.setenv(faults.ENV, "raise:trial0,nan:trial1first")
+    for _ in range(2):  # trial 0 fails on its retry too; trial 1 only on its first attempt
+        with pytest.raises(RuntimeError, match="injected failure"):
+            faults.point("p", number=0, attempts=tmp_path / "00000.attempts")
+    assert [faults.point("p", number=1, attempts=tmp_path / "00001.attempts") for _ in range(2)] == ["nan", None]
+
+
 def test_even_fires_on_even_trials(monkeypatch):
     monkeypatch.setenv(faults.ENV, "nan:even")
     assert [faults.point("p", number=n) for n in range(4)] == ["nan", None, "nan", None]
@@ -60,7 +78,8 @@ def test_an_off_value_arms_nothing(monkeypatch, value):
 
 @pytest.mark.parametrize("value, armed", [("raise", [("raise", "always")]), (" nan:even ", [("nan", "even")]),
                                           ("oom:0.25", [("oom", "0.25")]), ("raise:first", [("raise", "first")]),
-                                          ("raise:trial0, nan:trial12", [("raise", "trial0"), ("nan", "trial12")])])
+                                          ("raise:trial0, nan:trial12", [("raise", "trial0"), ("nan", "trial12")]),
+                                          ("raise:trial3first", [("raise", "trial3first")])])
 def test_parse_reads_kind_and_when(value, armed):
     assert faults.parse(value) == armed
 
@@ -78,7 +97,8 @@ def test_several_faults_each_fire_on_their_own_trial_and_the_first_that_holds_wi
 
 
 @pytest.mark.parametrize("value", ["explode", "raise:sometimes", "nan:1", "raise:-0.5", "1", "true", "raise:trial",
-                                   "raise:trialx", "raise:trial0,explode", "raise,"])
+                                   "raise:trialx", "raise:trial0,explode", "raise,", "raise:trialfirst",
+                                   "raise:trial3firs", "raise:firsttrial3", "raise:trial3first1"])
 def test_check_refuses_a_malformed_value_as_bad_input_naming_it_and_how_to_turn_it_off(monkeypatch, value):
     from nas.errors import NasError
 
@@ -87,10 +107,11 @@ def test_check_refuses_a_malformed_value_as_bad_input_naming_it_and_how_to_turn_
         faults.check()
 
 
-def test_first_needs_an_attempts_file(monkeypatch):
-    monkeypatch.setenv(faults.ENV, "raise:first")
+@pytest.mark.parametrize("value", ["raise:first", "raise:trial2first"])
+def test_first_needs_an_attempts_file(monkeypatch, value):
+    monkeypatch.setenv(faults.ENV, value)
     with pytest.raises(ValueError, match="results folder"):
-        faults.point("score_trial")
+        faults.point("score_trial", number=2)
 
 
 # ---- kill points (NAS_TEST_KILL) -----------------------------------------------------------------------------

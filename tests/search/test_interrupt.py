@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -22,28 +23,22 @@ from optuna.trial import TrialState
 from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 from tests.search.test_resume import _completed_trials
 
-TRIALS = 3  # stopped after the first completes (one at a time): at least one left for the resume
+TRIALS = 4  # Ctrl-C after the first completes, SIGTERM after the next (one at a time): at least one left at each stop
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_sweep_says_so_in_one_line_and_the_same_sweep_resumes(sig, multi30k, tmp_path, tiny_supernet):
-    raw = tiny_spec_dict(multi30k, tmp_path, **{
-        "search": {"trials": TRIALS, "max_concurrent": 1, "beam_size": 2, "latency_sentences": 2},
-        "tracking": {"experiment": "interrupt"},
-    })
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the search starts at once
-    env = nas_env(tmp_path)
-    run_dir = tmp_path / "runs" / "tiny"
-    out_log, err_log = tmp_path / "stdout.log", tmp_path / "stderr.log"
+def _stop_when_done(args: list[str], env: dict, cwd: Path, run_dir: Path, done: int, sig: int, name: str):
+    """Run ``nas ARGS`` in a new session; once ``done`` trials are COMPLETE in the journal, send ``sig`` the way a
+    user does (Ctrl-C: to the foreground process group; SIGTERM: ``kill PID``). Returns (rc, stdout, stderr)."""
+    out_log, err_log = cwd / f"{name}.stdout.log", cwd / f"{name}.stderr.log"
     with open(out_log, "w") as out, open(err_log, "w") as err:  # files: a full pipe would stall the driver
-        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
-                                stdout=out, stderr=err, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", *args], env=env, cwd=cwd, stdout=out, stderr=err,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + 600
-        while not _completed_trials(run_dir):
-            assert proc.poll() is None, f"the sweep ended before any trial completed:\n{err_log.read_text()[-4000:]}"
-            assert time.monotonic() < deadline, "no trial completed in 600 s"
+        while len(_completed_trials(run_dir)) < done:
+            assert proc.poll() is None, f"{name}: the sweep ended before {done} trial(s) completed:\n" + \
+                err_log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"{name}: {done} trial(s) not completed in 600 s"
             time.sleep(0.2)
         if sig == signal.SIGINT:
             os.killpg(proc.pid, sig)  # Ctrl-C: the terminal signals the foreground process group
@@ -56,24 +51,57 @@ def test_a_stopped_sweep_says_so_in_one_line_and_the_same_sweep_resumes(sig, mul
         except ProcessLookupError:
             pass
         proc.wait()
-    stdout, stderr = out_log.read_text(), err_log.read_text()
+    return proc.returncode, out_log.read_text(), err_log.read_text()
+
+
+def _says_stopped_in_one_line(sig: int, rc: int, stdout: str, stderr: str) -> None:
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert proc.returncode == 128 + sig, f"rc {proc.returncode}\n{stdout[-2000:]}\n{stderr[-4000:]}"
+    assert rc == 128 + sig, f"rc {rc}\n{stdout[-2000:]}\n{stderr[-4000:]}"
     said = "interrupted" if sig == signal.SIGINT else "SIGTERM"
     assert lines[-1].startswith(f"error: {said}: sweep tiny stopped"), stderr[-4000:]
     assert "`nas sweep --resume tiny --workdir " in lines[-1], lines[-1]
     leaked = [w for w in ("Traceback", "Tuner.restore", "SIGTERM received") if w in stderr]  # Ray's C++ handler
     assert not leaked, stderr[-4000:]
-    assert "supernet: widest sub-Transformer" not in stdout, "the sweep went on after Ctrl-C"
+    assert "supernet: widest sub-Transformer" not in stdout, "the sweep went on after the stop"
 
+
+def _left_nothing_running(spec_file: Path, env: dict, done_before: int) -> int:
+    """The stopped sweep's records: more trials complete than before the run, fewer than all, no MLflow run
+    RUNNING, the parent KILLED. Returns the number complete."""
     stopped = read_sweep(spec_file, env)
-    done = [t for t in stopped.optuna if t.state == TrialState.COMPLETE]
-    assert 1 <= len(done) < TRIALS, "interrupted too late to test it"
+    done = len([t for t in stopped.optuna if t.state == TrialState.COMPLETE])
+    assert done_before < done < TRIALS, f"{done} of {TRIALS} complete, {done_before} before: stopped too late to test it"
     assert "RUNNING" not in {r.info.status for r in stopped.runs}, [(r.data.tags, r.info.status) for r in stopped.runs]
     (parent,) = stopped.roles("sweep")
     assert parent.info.status == "KILLED"
+    return done
 
-    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
+
+@pytest.mark.slow
+def test_ctrl_c_then_sigterm_stop_the_sweep_in_one_line_each_and_the_same_sweep_resumes(multi30k, tmp_path,
+                                                                                        tiny_supernet):
+    """Ctrl-C on the first run (exit 130), SIGTERM on its resume (exit 143): each stops at a safe point with one
+    line naming the way back in and leaves no MLflow run RUNNING; the second resume finishes every trial once.
+    (One sweep for both signals: the stop and the resume do not depend on which run of the sweep is stopped.)"""
+    raw = tiny_spec_dict(multi30k, tmp_path, **{
+        "search": {"trials": TRIALS, "max_concurrent": 1, "beam_size": 2, "latency_sentences": 2},
+        "tracking": {"experiment": "interrupt"},
+    })
+    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the search starts at once
+    env = nas_env(tmp_path)
+    run_dir = tmp_path / "runs" / "tiny"
+    resume = ["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")]
+
+    rc, stdout, stderr = _stop_when_done(["sweep", str(spec_file)], env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
+    _says_stopped_in_one_line(signal.SIGINT, rc, stdout, stderr)
+    done = _left_nothing_running(spec_file, env, 0)
+
+    rc, stdout, stderr = _stop_when_done(resume, env, tmp_path, run_dir, done + 1, signal.SIGTERM, "sigterm")
+    _says_stopped_in_one_line(signal.SIGTERM, rc, stdout, stderr)
+    assert "resuming sweep" in stdout + stderr, stderr[-2000:]
+    _left_nothing_running(spec_file, env, done)
+
+    resumed = run_nas(resume, env, tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
     after = read_sweep(spec_file, env)
     assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
@@ -108,19 +136,28 @@ class _SignalOnResult:
         return SignalOnResult()
 
 
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray cluster for both signals' Tune loops (started once, shut down after the module). Two CPUs: the
+    stopped loop's trial actor keeps its CPU until the cluster shuts down (a sweep shuts Ray down after a stop)."""
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_inside_it(sig, tmp_path):
+def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_inside_it(sig, tmp_path, local_ray):
     """The deferral itself, on a real Ray Tune loop: the signal lands inside a callback's write, which finishes;
     ``SweepStopped`` comes out of ``fit`` with the signal's number, and the previous handlers are back after."""
-    import ray
     from ray import tune
 
     from nas.search.failures import SweepStopped
     from nas.search.stop import fit, handle_stop_signals
     from nas.search.tune import run_config
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="WARNING")
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     restore = handle_stop_signals()
@@ -133,7 +170,6 @@ def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_ins
     finally:
         restore()
         del os.environ["TUNE_DISABLE_SIGINT_HANDLER"]
-        ray.shutdown()
     assert stopped.value.signum == sig
     assert sender.sent and sender.finished, "the signal raised inside the callback"
     assert {s: signal.getsignal(s) for s in before} == before
