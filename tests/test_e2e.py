@@ -49,12 +49,28 @@ def _params_bound(raw: dict) -> float:
     return (count_params(extract(model, space.narrowest())) + count_params(extract(model, space.widest()))) / 2e6
 
 
+UNIFIED_SPACE = {
+    "encoder_layers": {"values": [1, 2]},
+    "layout": {"values": ["sequential", "prime"], "per_layer": True},
+    "units": {"values": [1, 2], "per_layer": True},
+    "width": {"values": [16, 32], "per_layer": True},
+    "branches": {"values": [1, 2], "per_layer": True},
+    "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
+    "kernels": {"values": [[], [3], [3, 5]], "per_layer": True, "when": {"layout": "prime"}},
+    "unit_dependency": {"values": ["sequential", "independent"], "per_layer": True, "when": {"units": [2]}},
+}
+"""Every family in one tiny supernet: conditional, string and kernel-set choices."""
+
+
 @pytest.fixture(scope="module")
 def sweep(multi30k, tmp_path_factory):
-    """A tiny multi-objective sweep (BLEU up, latency down) whose two trials are the starting points widest and
-    narrowest, under a parameter budget that only the narrowest meets."""
+    """A tiny multi-objective sweep (BLEU up, latency down) of the unified space (every family: branches, paths,
+    Prime kernels, units, widths) whose two trials are the starting points widest and narrowest, under a parameter
+    budget that only the narrowest meets."""
     work = tmp_path_factory.mktemp("e2e")
-    raw = tiny_spec_dict(multi30k, work, **{
+    raw = tiny_spec_dict(multi30k, work, space=UNIFIED_SPACE, **{
+        "supernet": {"model_dim": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
+                     "branches": 2, "paths": 2, "units": 2, "kernels": [3, 5], "max_positions": 128},
         "search": {"trials": 2, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}],
                    "points_to_evaluate": ["widest", "narrowest"]},
@@ -192,39 +208,26 @@ def test_export_best_then_translate_in_a_fresh_process(sweep, multi30k):
     assert len(proc.stdout.splitlines()) == 5
 
 
-def test_unified_space_sweeps_through_ray_optuna_and_mlflow(multi30k, tmp_path):
-    """Every family in one tiny supernet: conditional, string and kernel-set choices reach the trials."""
-    space = {
-        "layout": {"values": ["sequential", "prime"], "per_layer": True},
-        "units": {"values": [1, 2], "per_layer": True},
-        "width": {"values": [16, 32], "per_layer": True},
-        "branches": {"values": [1, 2], "per_layer": True},
-        "paths": {"values": [1, 2], "per_layer": True, "when": {"layout": "sequential"}},
-        "kernels": {"values": [[], [3], [3, 5]], "per_layer": True, "when": {"layout": "prime"}},
-        "unit_dependency": {"values": ["sequential", "independent"], "per_layer": True, "when": {"units": [2]}},
-    }
-    raw = tiny_spec_dict(multi30k, tmp_path, space=space, **{
-        "supernet": {"model_dim": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
-                     "branches": 2, "paths": 2, "units": 2, "kernels": [3, 5], "max_positions": 128},
-        "search": {"trials": 3, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "random"},
-        "tracking": {"experiment": "unified-e2e"},
-    })
-    env, sweep_log = _run_sweep(raw, tmp_path)
-    proc = _nas(["leaderboard", "--experiment", "unified-e2e", "--format", "json", "--out", str(tmp_path / "lb.json")],
-                env, tmp_path)
-    rows = json.loads((tmp_path / "lb.json").read_text())
-    assert len(rows) == 3, proc.stdout + sweep_log
-    assert all(r["bleu"] is not None and r["latency_ms"] > 0 for r in rows)
-    from nas.space.arch import Arch
+def test_unified_archs_reach_the_trials_and_the_arch_files(sweep):
+    """The unified space's choices (layouts, units, branches, paths, kernels) reach the trials: the arch.json of each
+    trial run is the arch its Optuna parameters describe, and the two differ in the families."""
+    import optuna
 
-    archs = []
-    for run_dir in (tmp_path / "mlruns").rglob("arch.json"):
-        archs.append(Arch.from_json(run_dir.read_text()))
-    assert len(archs) == 3
-    proc = _nas(["export", "--best", "--experiment", "unified-e2e", "--out", str(tmp_path / "exported")], env, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    proc = _nas(["translate", str(tmp_path / "exported")], env, tmp_path, stdin="A man is riding a bike .\n")
-    assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 1
+    from nas.space import parse_spec
+    from nas.space.arch import Arch
+    from nas.space.space import SearchSpace
+
+    work, env, raw, _ = sweep
+    space = SearchSpace.from_spec(parse_spec(raw))
+    archs = [Arch.from_json(f.read_text()) for f in (work / "mlruns").rglob("arch.json")]
+    assert len(archs) == 2
+    assert sorted(a.arch_id for a in archs) == sorted(a.arch_id for a in (space.widest(), space.narrowest()))
+    storage = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(work / "runs" / "tiny" / "optuna.journal")))
+    (summary,) = optuna.get_all_study_summaries(storage)
+    params = [t.params for t in optuna.load_study(study_name=summary.study_name, storage=storage).trials]
+    families = {k.split(".")[1] for p in params for k in p if k.count(".") == 2}  # e.g. encoder.layout.0
+    assert {"layout", "units", "branches", "paths", "width"} <= families, params  # the families are Optuna parameters
 
 
 def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
@@ -263,3 +266,23 @@ def test_export_onnx_from_the_leaderboard_translates_with_onnxruntime_only(sweep
                           cwd=work, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(proc.stdout.splitlines()) == 2
+
+
+def test_the_finished_sweep_run_again_starts_nothing_and_shows_its_results(sweep):
+    """A finished sweep run again with the same YAML starts no Ray cluster (no new session folder under the
+    session's ``RAY_TMPDIR``), adds and changes no MLflow run, and prints its leaderboard and counts."""
+    work, env, _, _ = sweep
+    ray_root = Path(os.environ["RAY_TMPDIR"]) / "ray"
+    sessions = lambda: {p for p in ray_root.glob("session_*") if not p.is_symlink()}  # noqa: E731
+    from mlflow import MlflowClient
+
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("e2e").experiment_id
+    runs = lambda: sorted((r.info.run_id, r.info.status, r.info.end_time) for r in client.search_runs([experiment]))  # noqa: E731
+    before, runs_before = sessions(), runs()
+    proc = _nas(["sweep", str(work / "e2e.yaml")], env, work)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "finished before: nothing left to run" in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert "trials completed 2, failed 0 (resumed)" in " ".join(proc.stdout.split()), proc.stdout[-3000:]
+    assert sessions() == before, "Ray was started"
+    assert runs() == runs_before

@@ -32,14 +32,25 @@ print(json.dumps({"sweep_id": result.sweep_id, "trials": result.trials_completed
 '''
 
 
+SECRET = "pw-7f3a9c1e5b"
+
+
 @pytest.mark.slow
-def test_the_user_jobs_in_python_sweep_leaderboard_export_translate(multi30k, tiny_supernet, tmp_path):
-    raw = tiny_spec_dict(multi30k, tmp_path, **{"tracking": {"experiment": "pyapi"},
-                                                "search": {"trials": 1, "max_concurrent": 2, "beam_size": 2,
-                                                           "latency_sentences": 2}})
+def test_the_user_jobs_in_python_sweep_leaderboard_export_translate(multi30k, tiny_supernet, tmp_path, postgres_url):
+    """The user jobs, on a sweep whose YAML takes the Optuna storage's password from ``${NAS_DB_PASSWORD}``; the
+    secret then appears in no MLflow param, artifact, run file or table (the sweep of
+    ``tests/space/test_env_interpolation.py``'s redaction, folded into this one: one Ray sweep for both)."""
+    user_host_db = postgres_url.removeprefix("postgresql+psycopg://")
+    user, _, host_db = user_host_db.partition("@")  # trust auth on the test server: any password is accepted
+    raw = tiny_spec_dict(multi30k, tmp_path, **{
+        "tracking": {"experiment": "pyapi",
+                     "optuna_storage": f"postgresql+psycopg://{user}:${{NAS_DB_PASSWORD}}@{host_db}"},
+        "search": {"trials": 1, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2}})
     path = sweep_with_supernet(raw, tmp_path, tiny_supernet)
+    assert "${NAS_DB_PASSWORD}" in path.read_text()
+    env = nas_env(tmp_path, NAS_DB_PASSWORD=SECRET)
     proc = subprocess.run([sys.executable, "-c", USER_JOBS, str(path), str(tmp_path)], capture_output=True, text=True,
-                          env=nas_env(tmp_path), cwd=tmp_path, timeout=900)
+                          env=env, cwd=tmp_path, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["trials"] == 2  # the override reached the sweep (the YAML says 1)
@@ -52,6 +63,35 @@ def test_the_user_jobs_in_python_sweep_leaderboard_export_translate(multi30k, ti
     exported = Path(got["exported_path"])
     assert json.loads((exported / "export.json").read_text())["run_id"] == got["exported_run"]
     assert len(got["translations"]) == 2 and all(isinstance(t, str) for t in got["translations"])
+    _secret_is_nowhere(tmp_path, env, proc, user, host_db)
+
+
+def _secret_is_nowhere(tmp_path: Path, env: dict, proc: subprocess.CompletedProcess, user: str, host_db: str) -> None:
+    """The ``${NAS_DB_PASSWORD}`` secret of the sweep is in no output, MLflow param, artifact, run file or table,
+    and the storage URL is logged with ``***`` in its place."""
+    from mlflow.tracking import MlflowClient
+
+    from nas.space import REDACTED
+
+    assert SECRET not in proc.stdout + proc.stderr
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    experiment = client.get_experiment_by_name("pyapi")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 4  # sweep, supernet (reused), 2 trials
+    params = {k: v for r in runs for k, v in r.data.params.items()}
+    assert not [k for k, v in params.items() if SECRET in v]
+    assert params["tracking.optuna_storage"] == f"postgresql+psycopg://{user}:{REDACTED}@{host_db}"
+    downloaded = tmp_path / "artifacts"
+    for r in runs:
+        client.download_artifacts(r.info.run_id, "", str(downloaded / r.info.run_id))
+    artifacts = [f for f in downloaded.rglob("*") if f.is_file()]
+    assert any(f.name == "tiny.yaml" for f in artifacts)
+    run_files = [f for f in (tmp_path / "runs" / "tiny").rglob("*") if f.is_file()]
+    leaked = [f for f in artifacts + run_files if SECRET.encode() in f.read_bytes()]
+    assert not leaked
+    mlflow_db = tmp_path / "mlflow.db"  # every MLflow table: params, tags, metric keys, run and experiment names
+    assert mlflow_db.is_file() and SECRET.encode() not in mlflow_db.read_bytes()
+    assert REDACTED.encode() in (tmp_path / "runs" / "tiny" / "sweep.json").read_bytes()
 
 
 def test_export_is_the_package_and_the_user_job():

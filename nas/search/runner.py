@@ -175,6 +175,9 @@ def run_sweep(spec: SweepSpec, spec_path: str | Path, *, address: str | None = N
               resume: bool = False, latency_runner: Any = None) -> SweepResult:
     """Run a whole sweep, or continue it: train (or reuse) the supernet, then ``search.trials`` Optuna trials.
 
+    A sweep that finished (its parent MLflow run FINISHED) run again with the same settings starts nothing, not
+    even Ray, and returns its recorded result.
+
     Args:
         spec: the validated YAML.
         spec_path: the YAML file (logged as an artifact of the sweep's parent run).
@@ -219,6 +222,9 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
         _write_record(spec, spec_path, record)
     if resumed:
         console.print(f"[bold]resuming sweep {sweep_id}[/bold] (started {record.created})")
+        finished = _finished_sweep(spec, record, supernet_dir)
+        if finished is not None:
+            return finished
     started_ray = init_ray(spec, address, connected=any(connected))
     restore_signals = handle_stop_signals()  # after ray.init: Ctrl-C and SIGTERM stop the sweep at a safe point
     experiment = spec.experiment
@@ -271,6 +277,25 @@ def _run_locked(spec: SweepSpec, spec_path: str | Path, address: str | None, res
             ray.shutdown()
         restore_signals()
     return SweepResult(sweep_id, parent, experiment, supernet_dir, supernet_metrics, completed, failed, resumed)
+
+
+def _finished_sweep(spec: SweepSpec, record: SweepRecord, supernet_dir: Path) -> SweepResult | None:
+    """The result of a sweep that already finished (its parent MLflow run ended FINISHED, which happens only after
+    every stage is done), read from its records without starting Ray; None when anything may be left to do.
+
+    A finished Ray Tune experiment restored, a fairseq run past ``--max-update``: run again, a finished sweep does
+    nothing and shows its results (with changed settings it is refused earlier, by :func:`_sweep_record`)."""
+    runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_ROLE: "sweep", tracking.TAG_SWEEP_ID: record.sweep_id})
+    metrics_file = supernet_dir / "metrics.json"
+    if not runs or runs[0].info.status != "FINISHED" or not metrics_file.is_file():
+        return None
+    metrics = runs[0].data.metrics
+    if "trials_completed" not in metrics:
+        return None
+    console.print(f"sweep {record.sweep_id} finished before: nothing left to run (Ray not started)")
+    return SweepResult(record.sweep_id, runs[0].info.run_id, spec.experiment, supernet_dir,
+                       json.loads(metrics_file.read_text()), int(metrics["trials_completed"]),
+                       int(metrics.get("trials_failed", 0)), resumed=True)
 
 
 def _end_sweep_runs(experiment: str, sweep_id: str, parent: str, *, stopped: bool) -> None:

@@ -1,18 +1,24 @@
-"""Fixtures of the infrastructure tests: an ``mlflow server`` that can be stopped and started again."""
+"""Fixtures of the infrastructure tests: an ``mlflow server`` that can be stopped and started again, the
+PostgreSQL server restarted under a sweep, and a PostgreSQL server of a module's own that the restart leaves up."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import POSTGRES_ADMIN_URL, _postgres_unavailable
 
 
 def _free_port() -> int:
@@ -36,15 +42,16 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
 
 
 class RestartableMlflowServer:
-    """``mlflow server`` on a fixed 127.0.0.1 port, SQLite store and artifact folder: ``start``/``stop`` any number
-    of times, each start on the same port and store. ``mlflow server`` runs uvicorn as a child process: the server
-    gets its own session and is stopped as a process group, so no worker outlives a stop."""
+    """``mlflow server`` on a fixed 127.0.0.1 port, backend store (``store``, default SQLite in ``work``) and
+    artifact folder: ``start``/``stop`` any number of times, each start on the same port and store. ``mlflow server``
+    runs uvicorn as a child process: the server gets its own session and is stopped as a process group, so no worker
+    outlives a stop."""
 
-    def __init__(self, work: Path) -> None:
+    def __init__(self, work: Path, store: str | None = None) -> None:
         self.work = work
         self.port = _free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
-        self.store = f"sqlite:///{work / 'mlflow-server.db'}"
+        self.store = store or f"sqlite:///{work / 'mlflow-server.db'}"
         self.artifacts = work / "artifact-store"
         self.log_path = work / "mlflow-server.log"
         self.proc: subprocess.Popen | None = None
@@ -77,12 +84,134 @@ class RestartableMlflowServer:
             self.proc = None
 
 
-@pytest.fixture
-def restartable_mlflow_server(tmp_path) -> Iterator[RestartableMlflowServer]:
-    """A started :class:`RestartableMlflowServer` in ``tmp_path``; stopped afterwards whatever the test left."""
-    server = RestartableMlflowServer(tmp_path)
-    server.start()
+SERVICE = shutil.which("service", path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+"""The ``service`` command (in /usr/sbin, which a root shell has on PATH and a clean ``env -i`` does not)."""
+
+
+class RestartablePostgres:
+    """The PostgreSQL server at ``POSTGRES_ADMIN_URL``, stopped and started with ``service postgresql`` (root), and
+    the databases created on it. Every statement opens a fresh admin connection: conftest's ``postgres_databases``
+    keeps one open across a test, which a restart breaks."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.psycopg = psycopg
+        self.names: list[str] = []
+
+    def admin(self):
+        return self.psycopg.connect(POSTGRES_ADMIN_URL, autocommit=True, connect_timeout=3)
+
+    def create_database(self) -> str:
+        """A fresh empty database, as ``postgresql+psycopg://USER@HOST:PORT/nas_test_<hex>``."""
+        from sqlalchemy.engine import make_url
+
+        name = f"nas_test_{uuid.uuid4().hex[:12]}"
+        with self.admin() as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        self.names.append(name)
+        return make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg", database=name).render_as_string(
+            hide_password=False)
+
+    def drop_databases(self) -> None:
+        with self.admin() as admin:
+            for name in self.names:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _service(self, action: str) -> None:
+        path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])  # the init scripts call sbin tools
+        subprocess.run([SERVICE, "postgresql", action], check=True, capture_output=True, timeout=120,
+                       env={**os.environ, "PATH": path})
+
+    def stop(self) -> None:
+        self._service("stop")
+
+    def start(self, timeout_s: float = 60) -> None:
+        """Start the server and wait until it accepts a connection."""
+        self._service("start")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.admin().close()
+                return
+            except self.psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def restartable_postgres() -> Iterator[RestartablePostgres]:
+    """A :class:`RestartablePostgres` for the module; its databases are dropped after the module's last test.
+    Skips without root or ``service``; skips, or fails under ``NAS_REQUIRE_POSTGRES=1``, when the server doesn't
+    answer or psycopg is missing."""
+    if os.geteuid() != 0 or SERVICE is None:
+        pytest.skip("stopping the database server needs root and the `service` command")
     try:
-        yield server
+        postgres = RestartablePostgres()
+    except ImportError as e:
+        _postgres_unavailable(f"psycopg is not installed ({e}); pip install 'psycopg[binary]'")
+    try:
+        postgres.admin().close()
+    except postgres.psycopg.OperationalError as e:
+        _postgres_unavailable(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+    try:
+        yield postgres
     finally:
-        server.stop()
+        postgres.drop_databases()
+
+
+def _postgres_bindir() -> Path | None:
+    """The folder of ``initdb`` and ``pg_ctl`` (``pg_config --bindir``, else the newest /usr/lib/postgresql/*/bin)."""
+    try:
+        found = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True,
+                                    timeout=30).stdout.strip())
+        if (found / "initdb").is_file():
+            return found
+    except (OSError, subprocess.SubprocessError):
+        pass
+    folders = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+                     if p.parent.name.isdigit() else 0)
+    return next((f for f in reversed(folders) if (f / "initdb").is_file() and (f / "pg_ctl").is_file()), None)
+
+
+@pytest.fixture(scope="module")
+def own_postgres_url() -> Iterator[str]:
+    """A database on a PostgreSQL server of the module's own, as ``postgresql+psycopg://postgres@127.0.0.1:PORT/nas``:
+    ``initdb`` in a fresh folder under /tmp (trust auth, fsync off), ``pg_ctl start`` on a free 127.0.0.1 port, run
+    as the ``postgres`` user; stopped and removed after the module's last test. ``service postgresql`` does not know
+    it, so it stays up while :class:`RestartablePostgres` restarts the shared server. Skips without root, or fails
+    under ``NAS_REQUIRE_POSTGRES=1`` without PostgreSQL's programs."""
+    if os.geteuid() != 0:
+        pytest.skip("a PostgreSQL server of the test's own runs as the postgres user: needs root")
+    bindir = _postgres_bindir()
+    if bindir is None:
+        _postgres_unavailable("no initdb/pg_ctl (pg_config --bindir, /usr/lib/postgresql/*/bin)")
+    as_postgres = ["runuser", "-u", "postgres", "--"]
+    folder = Path(tempfile.mkdtemp(prefix="nas-pg-", dir="/tmp"))  # pytest's folders are root's alone
+    shutil.chown(folder, "postgres", "postgres")
+    data, port = folder / "data", _free_port()
+
+    def pg(*args: str, timeout_s: float = 300) -> None:
+        done = subprocess.run([*as_postgres, *args], capture_output=True, text=True, timeout=timeout_s, cwd=folder)
+        if done.returncode != 0:
+            log = folder / "server.log"
+            pytest.fail(f"{' '.join(args)} exited {done.returncode}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                        + (log.read_text()[-2000:] if log.is_file() else ""))
+
+    try:
+        pg(str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C",
+           "--no-sync")
+        pg(str(bindir / "pg_ctl"), "-D", str(data), "-l", str(folder / "server.log"), "-w", "-t", "180", "-o",
+           f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        import psycopg
+
+        with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True,
+                             connect_timeout=10) as admin:
+            admin.execute('CREATE DATABASE "nas"')
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/nas"
+    finally:
+        if (data / "postmaster.pid").exists():
+            subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                           capture_output=True, timeout=120, cwd=folder)
+        shutil.rmtree(folder, ignore_errors=True)

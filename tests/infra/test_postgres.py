@@ -1,76 +1,12 @@
-"""PostgreSQL backends for real: Optuna ``RDBStorage`` and the MLflow tracking store on the server at
-127.0.0.1:5432, with a sweep of 2 concurrent trials writing to both; checked afterwards for counts,
-states and duplicates. Without PostgreSQL these tests skip (fail under ``NAS_REQUIRE_POSTGRES=1``)."""
+"""PostgreSQL as the Optuna storage, without a sweep: an unreachable server exits 2 naming the (masked) URL, and the
+password stays out of what Ray pickles and the sweep record. A sweep of 2 concurrent trials on PostgreSQL for both
+Optuna and MLflow is tested on the combined backends sweep (``tests/infra/test_backends_sweep.py``)."""
 
 from __future__ import annotations
 
-import json
-from collections import Counter
-
-import psycopg
 import pytest
-from optuna.trial import TrialState
 
-from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
-
-TRIALS = 4
-
-
-def _count(url: str, sql: str) -> int:
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        return conn.execute(sql).fetchone()[0]
-
-
-@pytest.mark.slow
-def test_sweep_with_two_concurrent_trials_on_postgres_optuna_and_mlflow(multi30k, tmp_path, tiny_supernet,
-                                                                         postgres_databases):
-    optuna_url, mlflow_url = postgres_databases(), postgres_databases()
-    raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": TRIALS, "max_concurrent": 2, "beam_size": 2,
-                                                     "latency_sentences": 2, "method": "tpe"},
-                         tracking={"experiment": "pg", "optuna_storage": optuna_url})
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
-    env = nas_env(tmp_path, MLFLOW_TRACKING_URI=mlflow_url)
-    proc = run_nas(["sweep", str(spec_file)], env, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert not (tmp_path / "runs" / "tiny" / "optuna.journal").exists()  # the study went to PostgreSQL
-
-    records = read_sweep(spec_file, env)
-    assert [t.number for t in records.optuna] == list(range(TRIALS))
-    assert all(t.state == TrialState.COMPLETE for t in records.optuna)
-    spans = sorted((t.datetime_start, t.datetime_complete) for t in records.optuna)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), f"no two trials overlapped: {spans}"
-    assert Counter(t.config["optuna_trial"] for t in records.ray) == Counter(range(TRIALS))
-    assert {t.status for t in records.ray} == {"TERMINATED"}
-    runs = records.trial_runs()
-    assert sorted(int(r.data.tags["nas.optuna_trial"]) for r in runs) == list(range(TRIALS))
-    assert {r.info.status for r in records.runs} == {"FINISHED"}
-    assert len(records.roles("sweep")) == 1 and len(records.roles("supernet")) == 1
-    values = {t.number: t.values[0] for t in records.optuna}
-    assert all(r.data.metrics["bleu"] == pytest.approx(values[int(r.data.tags["nas.optuna_trial"])]) for r in runs)
-
-    # the same counts straight from the databases' tables
-    assert _count(optuna_url, "SELECT count(*) FROM trials") == TRIALS
-    assert _count(optuna_url, "SELECT count(*) FROM trials WHERE state = 'COMPLETE'") == TRIALS
-    assert _count(mlflow_url, "SELECT count(*) FROM runs") == TRIALS + 2
-    assert _count(mlflow_url, "SELECT count(*) FROM runs WHERE status <> 'FINISHED'") == 0
-    assert _count(mlflow_url, "SELECT count(DISTINCT value) FROM tags WHERE key = 'nas.optuna_trial'") == TRIALS
-
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
-    assert status.returncode == 0, status.stderr[-3000:]
-    assert f"COMPLETE {TRIALS}" in status.stdout and f"FINISHED {TRIALS}; duplicates 0" in status.stdout
-
-    # `nas report` finds the study in PostgreSQL from the parent run's tags (failed before: it looked for a journal
-    # file beside the supernet, and the parameter importances were "not computed")
-    sweep_id = json.loads((tmp_path / "runs" / "tiny" / "sweep.json").read_text())["sweep_id"]
-    report = run_nas(["report", sweep_id, "--format", "md", "--out", str(tmp_path / "report.md")], env, tmp_path)
-    assert report.returncode == 0, report.stderr[-3000:]
-    assert "not computed" not in report.stderr, report.stderr[-3000:]
-    assert "## Parameter importances" in (text := (tmp_path / "report.md").read_text()) and "Not computed" not in text
-
-    again = run_nas(["sweep", str(spec_file)], env, tmp_path)  # a finished sweep run again: nothing added
-    assert again.returncode == 0 and "(resumed)" in again.stdout, again.stderr[-3000:]
-    assert _count(optuna_url, "SELECT count(*) FROM trials") == TRIALS
-    assert _count(mlflow_url, "SELECT count(*) FROM runs") == TRIALS + 2
+from tests.conftest import nas_env, run_nas, tiny_spec_dict
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
 """``${VAR}`` in the sweep YAML: substituted from the environment at load time, and redacted (``***``) from
-every logged param, artifact and file the sweep writes."""
+every logged param, artifact and file the sweep writes (the real sweep's check:
+``tests/test_python_api.py::test_the_user_jobs_in_python_sweep_leaderboard_export_translate``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from nas.space import REDACTED, SpecError, load_spec
-from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
+from tests.conftest import tiny_spec_dict
 
 SECRET = "pw-7f3a9c1e5b"
 
@@ -84,39 +85,3 @@ def test_env_reference_in_a_list_names_the_index(multi30k, tmp_path, monkeypatch
     raw = tiny_spec_dict(multi30k, tmp_path, space={"layout": {"values": ["sequential", "${NAS_NOPE}"]}})
     with pytest.raises(SpecError, match=r"space\.layout\.values\.1: environment variable NAS_NOPE is not set"):
         load_spec(_write(tmp_path, raw), check_files=False)
-
-
-@pytest.mark.slow
-def test_secret_from_env_is_in_no_mlflow_param_artifact_or_run_file(multi30k, tmp_path, tiny_supernet,
-                                                                      postgres_url):
-    from mlflow.tracking import MlflowClient
-
-    user_host_db = postgres_url.removeprefix("postgresql+psycopg://")
-    user, _, host_db = user_host_db.partition("@")  # trust auth on the test server: any password is accepted
-    raw = tiny_spec_dict(multi30k, tmp_path, tracking={
-        "experiment": "secret", "optuna_storage": f"postgresql+psycopg://{user}:${{NAS_DB_PASSWORD}}@{host_db}"})
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
-    assert "${NAS_DB_PASSWORD}" in spec_file.read_text()
-    env = nas_env(tmp_path, NAS_DB_PASSWORD=SECRET)
-    proc = run_nas(["sweep", str(spec_file)], env, tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert SECRET not in proc.stdout + proc.stderr
-
-    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    experiment = client.get_experiment_by_name("secret")
-    runs = client.search_runs([experiment.experiment_id])
-    assert len(runs) == 4  # sweep, supernet (reused), 2 trials
-    params = {k: v for r in runs for k, v in r.data.params.items()}
-    assert not [k for k, v in params.items() if SECRET in v]
-    assert params["tracking.optuna_storage"] == f"postgresql+psycopg://{user}:{REDACTED}@{host_db}"
-    downloaded = tmp_path / "artifacts"
-    for r in runs:
-        client.download_artifacts(r.info.run_id, "", str(downloaded / r.info.run_id))
-    artifacts = [f for f in downloaded.rglob("*") if f.is_file()]
-    assert any(f.name == "tiny.yaml" for f in artifacts)
-    run_files = [f for f in (tmp_path / "runs" / "tiny").rglob("*") if f.is_file()]
-    leaked = [f for f in artifacts + run_files if SECRET.encode() in f.read_bytes()]
-    assert not leaked
-    mlflow_db = tmp_path / "mlflow.db"  # every MLflow table: params, tags, metric keys, run and experiment names
-    assert mlflow_db.is_file() and SECRET.encode() not in mlflow_db.read_bytes()
-    assert REDACTED.encode() in (tmp_path / "runs" / "tiny" / "sweep.json").read_bytes()
