@@ -1,6 +1,8 @@
-"""Resume after a kill: `nas sweep` SIGKILLed once a search trial has completed, then run again (real Ray
-Tune, Optuna journal and MLflow SQLite in subprocesses, as a user runs them); and the searcher's restore
-rules on a real Optuna journal with real Ray ``Trial`` objects standing for a restored experiment.
+"""Resume: what a resume refuses, and the searcher's restore rules on a real Optuna journal with real Ray ``Trial``
+objects standing for a restored experiment. `nas sweep` SIGKILLed once a search trial has completed, then resumed
+(real Ray Tune, Optuna journal and MLflow SQLite in subprocesses): in
+``tests/search/test_interrupt.py::test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``,
+the same sweep's third stop.
 """
 
 from __future__ import annotations
@@ -9,18 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
-
-TRIALS = 4
+from tests.conftest import nas_env, run_nas, tiny_spec_dict
 
 
 def _completed_trials(run_dir: Path) -> list[int]:
@@ -46,74 +43,6 @@ def _kill(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-@pytest.mark.slow
-def test_sweep_killed_after_a_trial_resumes_without_duplicates_or_redone_trials(multi30k, tmp_path, tiny_supernet):
-    raw = tiny_spec_dict(multi30k, tmp_path, **{
-        "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
-                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
-        "tracking": {"experiment": "resume"},
-    })
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the session's supernet: trials start at once
-    env = nas_env(tmp_path)
-    run_dir = tmp_path / "runs" / "tiny"
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 900
-        try:
-            while not (done := _completed_trials(run_dir)):
-                assert proc.poll() is None, f"the sweep ended before any trial completed:\n{log.read_text()[-4000:]}"
-                assert time.monotonic() < deadline, "no trial completed in 900 s"
-                time.sleep(0.5)
-        finally:
-            _kill(proc)
-    assert proc.returncode == -signal.SIGKILL
-    assert (run_dir / "supernet" / "metrics.json").is_file()
-    before = read_sweep(spec_file, env)
-    assert len([t for t in before.optuna if t.state == TrialState.COMPLETE]) < TRIALS, "killed too late to test resume"
-    assert "RUNNING" in {r.info.status for r in before.runs}, "the kill should leave runs RUNNING"
-    sweep_id = json.loads((run_dir / "sweep.json").read_text())["sweep_id"]
-    results = {n: run_dir / "trials" / sweep_id / f"{n:05d}.json" for n in done}
-    stamps = {n: p.stat().st_mtime_ns for n, p in results.items()}
-
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
-    assert status.returncode == 0, status.stderr[-3000:]
-    assert "optuna" in status.stdout and "COMPLETE" in status.stdout and "RUNNING" in status.stdout
-
-    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)  # no FILE: the saved copy
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
-    assert "(resumed)" in resumed.stdout
-    # runs the killed driver left RUNNING (the parent run goes on): ended as KILLED on resume. A kill between two
-    # trials can leave only the parent RUNNING, and then there is nothing to mark.
-    stale = [r for r in before.runs if r.info.status == "RUNNING" and r.data.tags.get("nas.role") != "sweep"]
-    if stale:
-        assert f"marked {len(stale)} MLflow run(s) left RUNNING" in resumed.stderr, resumed.stderr[-3000:]
-    else:
-        assert "marked" not in resumed.stderr, resumed.stderr[-3000:]
-
-    after = read_sweep(spec_file, env)
-    assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
-    assert Counter(t.config["optuna_trial"] for t in after.ray) == Counter(range(TRIALS))  # one Ray trial each
-    assert {t.status for t in after.ray} == {"TERMINATED"}
-    runs = after.trial_runs()
-    assert sorted(int(r.data.tags["nas.optuna_trial"]) for r in runs) == list(range(TRIALS)), "duplicate MLflow runs"
-    assert {r.info.status for r in after.runs} == {"FINISHED"}, Counter(r.info.status for r in after.runs)
-    assert all({"bleu", "latency_ms"} <= set(r.data.metrics) for r in runs)
-    (parent,) = after.roles("sweep")
-    assert parent.data.tags["nas.resumes"] == "1" and len(after.roles("supernet")) == 1
-    for n, path in results.items():  # completed before the kill: reported again from its file, not re-scored
-        assert path.stat().st_mtime_ns == stamps[n]
-    optuna_values = {t.number: t.values for t in after.optuna}
-    for r in runs:
-        n = int(r.data.tags["nas.optuna_trial"])
-        assert r.data.metrics["bleu"] == pytest.approx(optuna_values[n][0])  # Optuna and MLflow agree
-
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
-    assert f"COMPLETE {TRIALS}" in status.stdout and f"TERMINATED {TRIALS}" in status.stdout
-    assert f"FINISHED {TRIALS}; duplicates 0" in status.stdout
 
 
 @pytest.mark.slow
