@@ -406,3 +406,35 @@ def translator_steps(monkeypatch) -> list[int]:
         return real_step(self, *args)
     monkeypatch.setattr(OnnxTranslator, "step", counting_step)
     return steps
+
+
+def completed_trials(run_dir: Path) -> list[int]:
+    """Numbers of the COMPLETE trials in a sweep's Optuna journal (``run_dir``: ``<workdir>/<name>``; read while the
+    driver writes it): what the kill and signal tests wait for."""
+    import json
+
+    import optuna
+    from optuna.trial import TrialState
+
+    record = run_dir / "sweep.json"
+    if not record.is_file() or not (run_dir / "optuna.journal").is_file():
+        return []
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
+    try:
+        study = optuna.load_study(study_name=json.loads(record.read_text())["sweep_id"], storage=storage)
+    except KeyError:
+        return []
+    return [t.number for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+
+
+def kill_driver(proc) -> None:
+    """SIGKILL a ``nas sweep`` driver started with ``start_new_session=True`` (a ``subprocess.Popen``), then the Ray
+    processes it leaves in its process group."""
+    import signal
+
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -16,8 +16,7 @@ import pytest
 
 from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
-from tests.conftest import nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.search.test_resume import _completed_trials, _kill
+from tests.conftest import completed_trials, kill_driver, nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
 
 TRIALS = 4
 
@@ -114,11 +113,11 @@ def test_sweep_on_s3_killed_mid_search_resumes_from_the_experiment_in_the_bucket
                 assert time.monotonic() < deadline, "no trial completed and uploaded in 600 s"
                 if exp is None and (record := read_sweep_record(run_dir)) is not None:
                     exp = ray_dir(load_spec(spec_file, check_files=False), record.sweep_id, "search")
-                if exp is not None and _completed_trials(run_dir) and (before := _ray_trials(exp)):
+                if exp is not None and completed_trials(run_dir) and (before := _ray_trials(exp)):
                     break
                 time.sleep(0.5)
         finally:
-            _kill(proc)
+            kill_driver(proc)
     assert proc.returncode == -signal.SIGKILL
     spec = load_spec(spec_file, check_files=False)
     sweep_id = read_sweep_record(run_dir).sweep_id

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.search.test_resume import _completed_trials, _kill
+from tests.conftest import (completed_trials, kill_driver, nas_env, read_sweep, run_nas, sweep_with_supernet,
+                            tiny_spec_dict)
 
 TRIALS = 7
 """Ctrl-C after the first trial completes, SIGTERM after the next, SIGKILL after the next (2 at a time): at least one
@@ -40,7 +40,7 @@ def _start(args: list[str], env: dict, cwd: Path, name: str) -> tuple[subprocess
 
 def _wait_done(proc: subprocess.Popen, err_log: Path, run_dir: Path, done: int, name: str) -> list[int]:
     deadline = time.monotonic() + 600
-    while len(found := _completed_trials(run_dir)) < done:
+    while len(found := completed_trials(run_dir)) < done:
         assert proc.poll() is None, f"{name}: the sweep ended before {done} trial(s) completed:\n" + \
             err_log.read_text()[-4000:]
         assert time.monotonic() < deadline, f"{name}: {done} trial(s) not completed in 600 s"
@@ -127,7 +127,7 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     try:
         completed = _wait_done(proc, err_log, run_dir, done + 1, "sigkill")
     finally:
-        _kill(proc)
+        kill_driver(proc)
     assert proc.returncode == -signal.SIGKILL
     assert (run_dir / "supernet" / "metrics.json").is_file()
     before = read_sweep(spec_file, env)

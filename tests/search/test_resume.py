@@ -8,41 +8,12 @@ the same sweep's third stop.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 from optuna.trial import TrialState
 
 from tests.conftest import nas_env, run_nas, tiny_spec_dict
-
-
-def _completed_trials(run_dir: Path) -> list[int]:
-    """Numbers of the COMPLETE trials in the sweep's Optuna journal (read while the driver writes it)."""
-    import optuna
-
-    record = run_dir / "sweep.json"
-    if not record.is_file() or not (run_dir / "optuna.journal").is_file():
-        return []
-    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(run_dir / "optuna.journal")))
-    try:
-        study = optuna.load_study(study_name=json.loads(record.read_text())["sweep_id"], storage=storage)
-    except KeyError:
-        return []
-    return [t.number for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver, then the Ray processes it leaves in its process group."""
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.mark.slow
