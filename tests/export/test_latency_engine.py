@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -39,7 +37,8 @@ def test_onnxruntime_refuses_a_model_off_the_cpu(tiny_data):
 
 def test_one_runner_exports_each_structure_once_the_reference_beside_many_candidates(tiny_data, monkeypatch):
     """Issue 41: the export is cached by arch id. Two candidates timed against one reference with one runner (level 1's
-    samples): 3 exports, not 4; a model of another structure with the same arch is exported again."""
+    samples), the second the reference's own arch: 2 exports, not 4; a model of another structure with the same arch
+    is exported again."""
     from nas.export import latency_engine
     from nas.model.supernet import SuperTransformer
 
@@ -50,17 +49,15 @@ def test_one_runner_exports_each_structure_once_the_reference_beside_many_candid
     space, supernet = deep_and_shallow()
     runner = onnx_runner(tiny_data.spm_model, threads=1)
     try:
-        ends = {space.widest().arch_id, space.narrowest().arch_id}
-        middle = next(a for a in (space.sample(random.Random(s)) for s in range(100)) if a.arch_id not in ends)
-        for candidate in (space.widest(), middle):
+        for candidate in (space.widest(), space.narrowest()):
             measure_latency_ratio(supernet, candidate, supernet, space.narrowest(), workload=WORKLOAD, rounds=1,
                                   warmup=0, runner=runner)
-        assert [a.arch_id for a in exported] == [a.arch_id for a in (space.widest(), space.narrowest(), middle)]
-        assert runner.exports == 3
+        assert [a.arch_id for a in exported] == [space.widest().arch_id, space.narrowest().arch_id]
+        assert runner.exports == 2
         other = SuperTransformer(supernet.vocab_size + 1, supernet.model_dim, supernet.heads, supernet.max_arch,
                                  max_positions=64).eval()
         measure_latency_ratio(other, space.narrowest(), supernet, space.narrowest(), workload=WORKLOAD, rounds=1,
                               warmup=0, runner=runner)
-        assert runner.exports == 4  # the other vocabulary is another graph; the reference is still cached
+        assert runner.exports == 3  # the other vocabulary is another graph; the reference is still cached
     finally:
         runner.close()
