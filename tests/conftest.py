@@ -438,3 +438,18 @@ def kill_driver(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def load_script(relative: str):
+    """The module of a script outside the package (``benchmarks/*.py``, ``experiments/*.py``; ``relative`` to the
+    repository), imported by its path and registered in ``sys.modules`` under its stem (dataclasses look their module
+    up while the file runs)."""
+    import importlib.util
+    import sys
+
+    path = REPO / relative
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module

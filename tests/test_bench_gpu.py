@@ -4,7 +4,6 @@ trainer's own sandwich step without loading Ray, Optuna or MLflow."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from nas.model.supernet import SuperTransformer, extract
 from nas.space import load_spec
 from nas.space.arch import Arch, StackArch
 from nas.space.space import SearchSpace
+from tests.conftest import load_script
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -29,11 +29,7 @@ FORBIDDEN = ("ray", "optuna", "mlflow", "matplotlib", "pandas")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", REPO / "benchmarks" / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_gpu.py")
 
 
 BENCH = _bench()

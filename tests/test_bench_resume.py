@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -12,14 +11,13 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from tests.conftest import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_resume", REPO / "benchmarks" / "bench_resume.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_resume.py")
 
 
 def _optuna(n: int, state: str = "COMPLETE"):

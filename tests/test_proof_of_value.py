@@ -3,21 +3,19 @@ hand-written result files (no training); and the report is a function of those f
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def pov():
-    spec = importlib.util.spec_from_file_location("proof_of_value", ROOT / "experiments" / "proof_of_value.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/proof_of_value.py")
 
 
 def _dump(path: Path, obj) -> None:

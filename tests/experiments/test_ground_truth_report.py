@@ -4,22 +4,20 @@ committed JSONs alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def gt():
-    spec = importlib.util.spec_from_file_location("ground_truth", ROOT / "experiments" / "ground_truth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/ground_truth.py")
 
 
 def _stack(layers: int, width: int | list[int] = 128, branches: int | list[int] = 1) -> dict:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("latency_engines", REPO / "experiments" / "latency_engines.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("experiments/latency_engines.py")
 
 
 def test_the_front_keeps_feasible_archs_no_other_feasible_arch_beats_on_both_and_orders_them_by_ratio():

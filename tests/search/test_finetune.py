@@ -227,7 +227,9 @@ def test_sweep_fine_tunes_top_k_under_asha_and_a_rerun_replays(multi30k, tmp_pat
     files = sorted(p for p in (run_dir / "finetune").rglob("*") if p.is_file())
     mtimes = {p: p.stat().st_mtime_ns for p in files}
     (parent,) = read_sweep(spec_file, env).roles("sweep")
-    __import__("mlflow").MlflowClient(env["MLFLOW_TRACKING_URI"]).set_terminated(parent.info.run_id, "KILLED")
+    from mlflow import MlflowClient
+
+    MlflowClient(env["MLFLOW_TRACKING_URI"]).set_terminated(parent.info.run_id, "KILLED")
     proc = run_nas(["sweep", str(spec_file)], env, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "(restored)" in proc.stderr and "fine-tune " not in proc.stderr.replace("fine-tuned", "")
