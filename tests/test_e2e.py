@@ -66,7 +66,8 @@ UNIFIED_SPACE = {
 def sweep(multi30k, tmp_path_factory):
     """A tiny multi-objective sweep (BLEU up, latency down) of the unified space (every family: branches, paths,
     Prime kernels, units, widths) whose two trials are the starting points widest and narrowest, under a parameter
-    budget that only the narrowest meets."""
+    budget that only the narrowest meets; its supernet trains data-parallel on 2 Ray Train workers
+    (``resources.workers: 2``, gloo)."""
     work = tmp_path_factory.mktemp("e2e")
     raw = tiny_spec_dict(multi30k, work, space=UNIFIED_SPACE, **{
         "supernet": {"model_dim": 32, "heads": 2, "encoder_layers": 2, "decoder_layers": 2, "ffn_width": 64,
@@ -75,6 +76,7 @@ def sweep(multi30k, tmp_path_factory):
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}],
                    "points_to_evaluate": ["widest", "narrowest"]},
         "tracking": {"experiment": "e2e"},
+        "resources": {"cpu": 1, "workers": 2},
     })
     bound = round(_params_bound(raw), 6)
     raw["search"]["constraints"] = [f"params_m <= {bound}"]
@@ -98,6 +100,7 @@ def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
         roles = sorted(r.data.tags["nas.role"] for r in children)
         assert roles == ["supernet", "trial", "trial"]
         supernet = next(r for r in children if r.data.tags["nas.role"] == "supernet")
+        assert supernet.info.status == "FINISHED"
         assert {"widest_bleu", "train_loss", "tokens_per_s", "lr"} <= set(supernet.data.metrics)
         for run in (r for r in children if r.data.tags["nas.role"] == "trial"):
             assert run.info.status == "FINISHED" and run.data.tags["nas.sweep_id"] == sweep_id
@@ -118,12 +121,28 @@ def test_sweep_tracks_parent_supernet_and_trial_runs_in_mlflow(sweep):
         del os.environ["MLFLOW_TRACKING_URI"]
 
 
+RAY_TRAIN_NOISE = ("TrainController", "PlacementGroupCleaner", "Reporting training result", "TrainingReport(",
+                   "core_worker.cc", "Traceback")
+"""What Ray Train printed into a sweep with ``resources.workers: 2`` before :mod:`nas.search.ddp` quietened it: its
+controller's INFO lines, the placement-group cleaner's warning every second (a traceback with a second Ray on the
+host), a line per report of every rank, the preemption watcher's ``core_worker.cc`` error."""
+
+
 def test_the_sweep_output_is_the_tools_own(sweep):
     """Issue 30: no Ray Tune banners (its configuration table, "Number of trials 9223372036854775807", TensorBoard
-    hints, the local cluster's token-authentication warning), no colour codes in a log, and each trial's line whole (arch strings are never wrapped)."""
-    _, _, _, log = sweep
-    for noise in ("TensorBoard", "Number of trials", "View detailed results", "\x1b[", "Token authentication"):
+    hints, the local cluster's token-authentication warning), no colour codes in a log, and each trial's line whole
+    (arch strings are never wrapped). With 2 data-parallel workers: no Ray Train lines (:data:`RAY_TRAIN_NOISE`),
+    and each step line of the supernet once (Ray Train's print patch printed each twice)."""
+    _, _, raw, log = sweep
+    for noise in ("TensorBoard", "Number of trials", "View detailed results", "\x1b[", "Token authentication",
+                  *RAY_TRAIN_NOISE):
         assert noise not in log, f"{noise!r} in the sweep's output:\n{log}"
+    assert "2 data-parallel workers" in log, log
+    steps = [line.split(") ", 1)[-1].split(" loss ")[0] for line in log.splitlines() if " step " in f" {line}"
+             and "/" in line and " loss " in line]
+    expected = [f"step {n}/{raw['train']['steps']} joint"
+                for n in range(raw["train"]["log_every"], raw["train"]["steps"] + 1, raw["train"]["log_every"])]
+    assert steps == expected, log
     done = [line for line in log.splitlines() if " done: BLEU" in line]
     assert done and all("enc[" in line and "dec[" in line for line in done), log
 

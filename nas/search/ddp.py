@@ -13,9 +13,12 @@ controller, refuses to go on when the ranks disagree.
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
+from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
 from nas.data import PreparedData
@@ -82,8 +85,37 @@ def _worker(config: dict[str, Any]) -> None:
     from trainers import train_supernet
 
     torch.set_num_threads(max(1, int(config["threads"])))
+    # Ray Train sets this process's root logger to INFO with a console handler, and logs "Reporting training result
+    # N: TrainingReport(...)" at each report through a logger named after its file; the loop prints its own lines
+    logging.getLogger().setLevel(logging.WARNING)
     train_supernet(config["spec"], config["data"], config["out_dir"], report=ray.train.report, progress=False,
                    device=get_device())
+
+
+QUIET_RAY_TRAIN_ENV = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+"""Ray Train settings (environment variables its controller passes on to the workers) that keep a sweep's output
+its own; a value the user set wins. The print patch sends every ``print`` of a worker to the root logger *and*
+to the console, so each step line came twice; the preemption watcher (a node-drain monitor for preemptible
+clusters) prints a ``core_worker.cc`` error at each start (ray-project/ray#53727). Set
+``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1`` on preemptible nodes to have it back."""
+
+
+class _QuietTorchTrainer(TorchTrainer):
+    """``TorchTrainer`` without Ray Train's ``PlacementGroupCleanerCallback``.
+
+    That callback starts an actor that asks Ray's State API every second whether the controller lives. The
+    State API needs the dashboard, which ``nas`` starts Ray without (:func:`nas.search.ray_session.connect`),
+    so the actor logged "Failed to query Ray Train Controller actor state" every second, and, with a second
+    Ray instance on the host (two sweeps at once), crashed its thread with a traceback. What it guards, a
+    placement group left behind by a controller that died while the driver lives, costs nothing here: the
+    controller's failure ends ``fit`` and the sweep, and Ray frees a finished job's placement groups."""
+
+    def _create_default_callbacks(self):  # a private hook of Ray Train v2 (ray 2.60, pinned in the image)
+        try:
+            from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+        except ImportError:  # another Ray: nothing to drop
+            return super()._create_default_callbacks()
+        return [c for c in super()._create_default_callbacks() if not isinstance(c, PlacementGroupCleanerCallback)]
 
 
 def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path, *, storage_path: str | Path,
@@ -107,14 +139,17 @@ def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path,
         ray.train.TrainingFailedError: a worker failed more than ``max_failures`` times, or the ranks
             went out of sync (:class:`OutOfSyncError`).
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train import FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    for key, value in QUIET_RAY_TRAIN_ENV.items():
+        os.environ.setdefault(key, value)
 
     res = spec.resources
     use_gpu = res.gpu > 0
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    trainer = TorchTrainer(
+    trainer = _QuietTorchTrainer(
         _worker,
         train_loop_config={"spec": spec, "data": data, "out_dir": str(out_dir), "threads": res.cpu},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
@@ -123,7 +158,8 @@ def train_supernet_ddp(spec: SweepSpec, data: PreparedData, out_dir: str | Path,
         run_config=RunConfig(name=name, storage_path=str(Path(storage_path).resolve()) if "://" not in str(storage_path)
                              else str(storage_path),
                              callbacks=[ReportSink(log_file, mlflow_uri, experiment, supernet_run_id)],
-                             failure_config=FailureConfig(max_failures=max_failures)),
+                             failure_config=FailureConfig(max_failures=max_failures),
+                             logging_config=LoggingConfig(log_level="WARNING")),
     )
     try:
         trainer.fit()

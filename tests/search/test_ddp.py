@@ -1,11 +1,13 @@
-"""Data-parallel supernet training: 2 Ray Train workers (gloo on CPU) against one process on the same global batch."""
+"""Data-parallel supernet training: 2 Ray Train workers (gloo on CPU) against one process on the same global batch.
+
+A whole sweep with ``resources.workers: 2`` (its supernet run, the stage run, the step metrics, the supernet file,
+and an output free of Ray Train's own lines) is ``tests/test_e2e.py``'s module sweep."""
 
 import json
 
 import pytest
 import ray
 import torch
-import yaml
 from mlflow import MlflowClient
 
 from nas import tracking
@@ -73,26 +75,3 @@ def test_two_gloo_workers_stay_in_sync_and_match_a_single_worker(multi30k, tiny_
             assert torch.allclose(q[..., 1, :], p[..., 1, :], atol=5 * 2e-3), name
             q, p = q[..., [0, 2], :], p[..., [0, 2], :]
         assert torch.allclose(q, p, atol=2e-5, rtol=1e-4), name
-
-
-@pytest.mark.slow
-def test_a_sweep_with_two_workers_trains_the_supernet_data_parallel(multi30k, tmp_path, monkeypatch):
-    """``resources.workers: 2``: the sweep's supernet trains on 2 Ray Train workers, tracked in its MLflow run."""
-    from nas.search.runner import run_sweep
-
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.chdir(tmp_path)
-    raw = tiny_spec_dict(multi30k, tmp_path, **{"search": {"trials": 1, "max_concurrent": 1, "beam_size": 2,
-                                                           "latency_sentences": 2}})
-    raw["train"] |= {"steps": 3, "max_tokens": 256, "precision": "fp32", "log_every": 1, "keep_last": 0}
-    raw["resources"] = {"cpu": 1, "workers": 2}
-    spec = parse_spec(raw)
-    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(raw))
-    result = run_sweep(spec, tmp_path / "tiny.yaml")
-    assert result.trials_completed == 1 and "widest_bleu" in result.supernet_metrics
-    (supernet,) = tracking.find_runs("tiny", role="supernet")
-    assert supernet.info.status == "FINISHED"
-    assert [m.step for m in tracking.get_client().get_metric_history(supernet.info.run_id, "loss_widest")] == [1, 2, 3]
-    (stage,) = tracking.find_runs("tiny", parent_run_id=supernet.info.run_id)
-    assert stage.info.status == "FINISHED" and "bleu_widest" in stage.data.metrics
-    assert (tmp_path / "runs" / "tiny" / "supernet" / "supernet.safetensors").is_file()
