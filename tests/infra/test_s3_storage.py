@@ -1,24 +1,18 @@
 """``resources.storage_path`` on S3, against a real S3-compatible server (moto's, local; the ``s3_storage``
-fixture): experiment paths that keep the URI's query last, Ray state files set aside through the bucket, and a
-sweep whose driver is SIGKILLed mid-search and which resumes from the Ray Tune experiment kept in the bucket.
+fixture): experiment paths that keep the URI's query last, and Ray state files set aside through the bucket.
+
+The sweep on S3 whose driver is SIGKILLed mid-search and which resumes from the Ray Tune experiment kept in the
+bucket runs in ``test_cluster.py`` (on its 2-node cluster, resumed there: one Ray cluster for both checks), reading
+the bucket with :func:`_names` and :func:`_ray_trials`.
 """
 
 from __future__ import annotations
 
 import pickle
-import signal
-import subprocess
-import sys
-import time
-from collections import Counter
-
-import pytest
 
 from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
-from tests.conftest import completed_trials, kill_driver, nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-
-TRIALS = 4
+from tests.conftest import tiny_spec_dict
 
 
 def _bucket(uri: str):
@@ -84,64 +78,3 @@ def _ray_trials(exp: str) -> list:
     if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in _names(exp)):
         return []
     return ExperimentAnalysis(exp).trials
-
-
-@pytest.mark.slow
-def test_sweep_on_s3_killed_mid_search_resumes_from_the_experiment_in_the_bucket(multi30k, tmp_path, tiny_supernet,
-                                                                                 s3_storage):
-    from optuna.trial import TrialState
-
-    from nas import tracking
-    from nas.search.runner import read_sweep_record, study_ref
-    from nas.space import load_spec
-
-    raw = tiny_spec_dict(multi30k, tmp_path, search={"trials": TRIALS, "max_concurrent": 2, "beam_size": 2,
-                                                     "latency_sentences": 2},
-                         resources={"cpu": 1, "storage_path": s3_storage}, tracking={"experiment": "s3"})
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
-    env = nas_env(tmp_path)  # with the fixture's AWS_* credentials
-    run_dir = tmp_path / "runs" / "tiny"
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 600
-        try:
-            exp = None
-            while True:  # a trial complete in Optuna, and Ray's experiment state in the bucket
-                assert proc.poll() is None, f"the sweep ended before it could be killed:\n{log.read_text()[-4000:]}"
-                assert time.monotonic() < deadline, "no trial completed and uploaded in 600 s"
-                if exp is None and (record := read_sweep_record(run_dir)) is not None:
-                    exp = ray_dir(load_spec(spec_file, check_files=False), record.sweep_id, "search")
-                if exp is not None and completed_trials(run_dir) and (before := _ray_trials(exp)):
-                    break
-                time.sleep(0.5)
-        finally:
-            kill_driver(proc)
-    assert proc.returncode == -signal.SIGKILL
-    spec = load_spec(spec_file, check_files=False)
-    sweep_id = read_sweep_record(run_dir).sweep_id
-    assert len([t for t in study_ref(spec, sweep_id).load().get_trials() if t.state == TrialState.COMPLETE]) < TRIALS, \
-        "killed too late to test resume"
-    assert not (run_dir / "ray").exists()  # Ray kept nothing beside the sweep: all of it is in the bucket
-
-    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
-    assert "(restored" in resumed.stderr, resumed.stderr[-3000:]  # Tuner.restore from the bucket, not afresh
-
-    after = _ray_trials(exp)
-    assert {t.trial_id for t in before} <= {t.trial_id for t in after}  # the trials Ray had uploaded, restored
-    assert Counter(t.config["optuna_trial"] for t in after) == Counter(range(TRIALS))  # one Ray trial each
-    assert {t.status for t in after} == {"TERMINATED"}
-    optuna_trials = study_ref(spec, sweep_id).load().get_trials()
-    assert len(optuna_trials) == TRIALS and all(t.state == TrialState.COMPLETE for t in optuna_trials)
-    tracking_uri = env["MLFLOW_TRACKING_URI"]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", tracking_uri)
-        runs = tracking.find_tagged_runs(spec.experiment, {tracking.TAG_SWEEP_ID: sweep_id})
-    trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
-    assert sorted(int(r.data.tags[tracking.TAG_OPTUNA_TRIAL]) for r in trial_runs) == list(range(TRIALS))
-    assert {r.info.status for r in runs} == {"FINISHED"}, Counter(r.info.status for r in runs)
-    names = _names(exp)
-    assert len([n for n in names if n.startswith("experiment_state-") and n.endswith(".json")]) == 2  # 2 drivers
-    assert "tuner.pkl" in names and not (run_dir / "ray").exists()
