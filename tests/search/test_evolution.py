@@ -1,14 +1,13 @@
 """The two-level search (``search.method: evolution``): fixed-length genes, level 2's choice from level 1's
-front (checked against Optuna's own non-dominated sort and crowding distance), and level 1 resumed after a
-kill (real Ray Tune, Optuna journal and MLflow SQLite in subprocesses)."""
+front (checked against Optuna's own non-dominated sort and crowding distance), and level 1's generations asked in
+full. Level 1 resumed after a kill (the kill point ``NAS_TEST_KILL=level1_batch:2``) and the user's named arch from a
+point file are checked on a real sweep in ``tests/search/test_interrupt.py``
+(``test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``), whose evolution
+sweep is killed in level 1 before its stops in level 2: one sweep, one Ray cluster fewer."""
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -17,9 +16,9 @@ from optuna.trial import TrialState
 
 from nas.search.evolution import (crowding_distance, front_size, gene_choices, level1_directions, nondominated_fronts,
                                   select_level2, suggest_genes)
-from nas.space import load_spec, parse_spec
+from nas.space import parse_spec
 from nas.space.space import SearchSpace
-from tests.conftest import nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
+from tests.conftest import tiny_spec_dict
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "search_spaces" / "quickstart.yaml"
 
@@ -116,85 +115,6 @@ def test_level1_directions_follow_the_score():
     raw = tiny_spec_dict(Path("/nonexistent"), Path("/tmp"))
     raw["search"] = {**raw["search"], "method": "evolution", "evolution": {"score": "greedy_bleu"}}
     assert level1_directions(parse_spec(raw, "t")) == ["maximize", "minimize"]
-
-
-# --------------------------------------------------------------------------- level 1 resumes after a kill
-
-POPULATION, GENERATIONS, BATCH = 4, 2, 2
-
-
-MINE = "enc[16/32] dec[32/32 16/32]"
-"""The user's own arch, named ``mine`` in a point file beside the sweep YAML."""
-
-
-@pytest.mark.slow
-def test_level1_killed_after_a_batch_resumes_to_its_full_budget(multi30k, tmp_path, tiny_supernet):
-    """Also the user's named arch from a point file (``{file: baselines.yaml}``): level 1 opens with it, level 2
-    scores it as its first trial whatever level 1 finds, tagged ``nas.point`` in MLflow, and the leaderboard names
-    it; the resumed sweep reads it from the sweep's saved YAML."""
-    (tmp_path / "baselines.yaml").write_text(f'mine: "{MINE}"\n', encoding="utf-8")
-    raw = tiny_spec_dict(multi30k, tmp_path, **{
-        "search": {"trials": 2, "max_concurrent": 1, "beam_size": 2, "method": "evolution", "seed": 0,
-                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ratio", "goal": "minimize"}],
-                   "latency_workload": {"src_tokens": 6, "tgt_tokens": 4}, "latency_repeats": 2,
-                   "points_to_evaluate": [{"file": "baselines.yaml"}],
-                   "evolution": {"population": POPULATION, "generations": GENERATIONS, "batch_size": BATCH,
-                                 "subset_sentences": 6, "predictor_samples": 4}},
-        "tracking": {"experiment": "evo"},
-    })
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)
-    env = nas_env(tmp_path, NAS_TEST_KILL="level1_batch:2", NAS_TEST_KILL_LOG=str(tmp_path / "kills.log"))
-    killed = subprocess.run([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=env, cwd=tmp_path,
-                            capture_output=True, text=True, timeout=900, start_new_session=True)
-    assert killed.returncode == -9, killed.stdout[-3000:] + killed.stderr[-6000:]
-    assert "level1_batch" in (tmp_path / "kills.log").read_text()
-    spec = load_spec(spec_file, check_files=False)  # reads the point file, as nas sweep does
-    sweep_id = json.loads((spec.run_dir / "sweep.json").read_text())["sweep_id"]
-    batches = spec.run_dir / "level1" / sweep_id / "batches"
-    stamps = {p.name: p.stat().st_mtime_ns for p in batches.glob("*.json")}
-    assert len(stamps) == 2, sorted(stamps)  # two batches scored and told before the kill
-
-    env.pop("NAS_TEST_KILL")
-    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
-    level1 = optuna.load_study(study_name=sweep_id + "-level1", storage=optuna.storages.JournalStorage(
-        optuna.storages.journal.JournalFileBackend(str(spec.run_dir / "optuna.journal"))))
-    states = [t.state for t in level1.get_trials()]
-    assert states.count(TrialState.COMPLETE) == POPULATION * GENERATIONS
-    for name, stamp in stamps.items():  # scored before the kill: not scored again
-        assert (batches / name).stat().st_mtime_ns == stamp
-    generations = {t.system_attrs.get("NSGAIISampler:generation") for t in level1.get_trials()
-                   if t.state == TrialState.COMPLETE}
-    assert generations >= {0, 1}
-    after = read_sweep(spec_file, env)
-    assert [t.state for t in after.optuna] == [TrialState.COMPLETE] * 2  # level 2: search.trials archs
-    level1_archs = {t.user_attrs["arch_summary"] for t in level1.get_trials() if t.state == TrialState.COMPLETE}
-    space = SearchSpace.from_spec(spec)
-    assert {space.from_params(t.params).summary() for t in after.optuna} <= level1_archs  # chosen from level 1
-    (parent,) = after.roles("sweep")
-    assert parent.data.metrics["level1_candidates"] == POPULATION * GENERATIONS
-    os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
-    from nas import tracking
-
-    artifacts = {a.path for a in tracking.get_client().list_artifacts(parent.info.run_id, "level1")}
-    assert {"level1/generation_000.json", "level1/generation_001.json"} <= artifacts
-    table = json.loads(Path(tracking.get_client().download_artifacts(parent.info.run_id, "level1/generation_000.json",
-                                                                     str(tmp_path))).read_text())
-    assert len(table["data"]) == POPULATION, table  # one row per candidate of the generation, logged once
-    history = tracking.get_client().get_metric_history(parent.info.run_id, "candidates_evaluated")
-    assert max(m.value for m in history) == POPULATION * GENERATIONS
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", str(tmp_path / "runs")], env, tmp_path)
-    assert f"level 1 COMPLETE {POPULATION * GENERATIONS}" in status.stdout, status.stdout
-    # the named point
-    first = min(after.optuna, key=lambda t: t.number)
-    assert space.from_params(first.params).summary() == MINE and first.user_attrs["point"] == "mine"
-    assert space.from_params(min(level1.get_trials(), key=lambda t: t.number).params).summary() == MINE
-    tagged = {r.data.tags.get("nas.point"): r.data.tags["nas.arch_summary"] for r in after.trial_runs()}
-    assert tagged == {"mine": MINE, None: tagged[None]} and tagged[None] != MINE, tagged
-    board = run_nas(["leaderboard", "--experiment", "evo", "--include-infeasible"], {**env, "COLUMNS": "250"},
-                    tmp_path)
-    assert board.returncode == 0, board.stderr
-    assert "point" in board.stdout and "mine" in board.stdout, board.stdout
 
 
 def test_level1_asks_no_more_than_a_generation_before_it_completes():

@@ -3,6 +3,11 @@ MLflow: SIGINT to the driver's process group (what a terminal sends), SIGTERM to
 The sweep stops there with one line naming the way back in (exit 130 or 143), leaves no MLflow run RUNNING,
 and the same sweep resumed finishes every trial.
 
+The sweep is a two-level one (``search.method: evolution``), so the same sweep first checks level 1 resumed after a
+kill: its first run is SIGKILLed by the kill point ``NAS_TEST_KILL=level1_batch:2`` once level 1 told Optuna its
+second batch, and its resume finishes level 1 to its full budget without scoring a stored batch again, then is
+stopped in level 2 (the Ctrl-C). With it the user's named arch from a point file (``{file: baselines.yaml}``).
+
 Before, Ray Tune caught SIGINT inside ``Tuner.fit``, printed its ``Tuner.restore(...)`` advice and returned
 as if the stage were done; SIGTERM reached Ray's C++ failure handler, which printed a stack trace and aborted
 the driver (exit 134) with its runs left RUNNING.
@@ -19,15 +24,24 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import optuna
 import pytest
 from optuna.trial import TrialState
 
+from nas.space import load_spec
+from nas.space.space import SearchSpace
 from tests.conftest import (completed_trials, kill_driver, nas_env, read_sweep, run_nas, sweep_with_supernet,
                             tiny_spec_dict)
 
 TRIALS = 7
-"""Ctrl-C after the first trial completes, SIGTERM after the next, SIGKILL after the next (2 at a time): at least one
-left at each stop."""
+"""Level 2's trials. Ctrl-C after the first trial completes, SIGTERM after the next, SIGKILL after the next (2 at a
+time): at least one left at each stop."""
+POPULATION, GENERATIONS, BATCH = 4, 4, 2
+"""Level 1: generation 0 is two batches, scored at once (``max_concurrent`` 2), so the kill after the second batch
+leaves none in flight; ``POPULATION x GENERATIONS`` candidates give level 2 its ``TRIALS`` distinct archs (level 2
+takes distinct archs only: 12 candidates gave 10 in one run, so 16 for a margin)."""
+MINE = "enc[16/32] dec[32/32 16/32]"
+"""The user's own arch, named ``mine`` in a point file beside the sweep YAML."""
 
 
 def _start(args: list[str], env: dict, cwd: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
@@ -93,20 +107,34 @@ def _left_nothing_running(spec_file: Path, env: dict, done_before: int) -> int:
 
 @pytest.mark.slow
 def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time(multi30k, tmp_path,
-                                                                                                tiny_supernet):
-    """One multi-objective sweep (TPE, 2 trials at a time), stopped three times and resumed after each:
+                                                                                                tiny_supernet,
+                                                                                                monkeypatch):
+    """One two-level sweep (``search.method: evolution``; level 2 2 trials at a time), killed once in level 1,
+    stopped three times in level 2, and resumed after each:
 
-    1. Ctrl-C on the first run (exit 130) and SIGTERM on its resume (exit 143): each stops at a safe point with one
+    1. SIGKILL of the first run by the kill point ``level1_batch:2`` once level 1 told its second batch; the resume
+       finishes level 1 to ``population x generations`` candidates over at least two NSGA-II generations, scores
+       neither stored batch again, logs each generation's table to the parent run once, and level 2 scores archs
+       chosen from level 1.
+    2. Ctrl-C on that resume (exit 130) and SIGTERM on the next (exit 143): each stops at a safe point with one
        line naming the way back in, no traceback, and no MLflow run RUNNING (the parent KILLED). (Before, Ray Tune
        swallowed Ctrl-C, and SIGTERM aborted the driver with its runs RUNNING.)
-    2. SIGKILL of the next resume's driver and its Ray processes once another trial completed (no safe point: runs
+    3. SIGKILL of the next resume's driver and its Ray processes once another trial completed (no safe point: runs
        are left RUNNING); ``--status`` shows the counts; the last resume marks the stale runs KILLED, finishes every
        trial once in Optuna, Ray Tune and MLflow, and re-scores none that had completed.
+    4. The user's named arch from a point file (``{file: baselines.yaml}``): level 1 opens with it, level 2 scores
+       it as its first trial whatever level 1 finds, tagged ``nas.point`` in MLflow, and the leaderboard names it;
+       the resumes read it from the sweep's saved YAML.
 
-    (One sweep for the three: the stop and the resume do not depend on which run of a sweep is stopped.)"""
+    (One sweep for the four: the stop and the resume do not depend on which run of a sweep is stopped.)"""
+    (tmp_path / "baselines.yaml").write_text(f'mine: "{MINE}"\n', encoding="utf-8")
     raw = tiny_spec_dict(multi30k, tmp_path, **{
-        "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "latency_sentences": 2, "method": "tpe",
-                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ms", "goal": "minimize"}]},
+        "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "method": "evolution", "seed": 0,
+                   "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ratio", "goal": "minimize"}],
+                   "latency_workload": {"src_tokens": 6, "tgt_tokens": 4}, "latency_repeats": 2,
+                   "points_to_evaluate": [{"file": "baselines.yaml"}],
+                   "evolution": {"population": POPULATION, "generations": GENERATIONS, "batch_size": BATCH,
+                                 "subset_sentences": 6, "predictor_samples": 4}},
         "tracking": {"experiment": "interrupt"},
     })
     spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the session's supernet: the search starts at once
@@ -114,7 +142,28 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     run_dir = tmp_path / "runs" / "tiny"
     resume = ["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")]
 
-    rc, stdout, stderr = _stop_when_done(["sweep", str(spec_file)], env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
+    # 1. level 1 killed after its second batch (the kill point armed for this run only)
+    kill_env = {**env, "NAS_TEST_KILL": "level1_batch:2", "NAS_TEST_KILL_LOG": str(tmp_path / "kills.log")}
+    killed = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=kill_env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        killed_out, killed_err = killed.communicate(timeout=900)
+    finally:  # the Ray processes the killed driver left in its group
+        try:
+            os.killpg(killed.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        killed.wait()
+    assert killed.returncode == -9, killed_out[-3000:] + killed_err[-6000:]
+    assert "level1_batch" in (tmp_path / "kills.log").read_text()
+    spec = load_spec(spec_file, check_files=False)  # reads the point file, as nas sweep does
+    sweep_id = json.loads((spec.run_dir / "sweep.json").read_text())["sweep_id"]
+    batches = spec.run_dir / "level1" / sweep_id / "batches"
+    batch_stamps = {p.name: p.stat().st_mtime_ns for p in batches.glob("*.json")}
+    assert len(batch_stamps) == 2, sorted(batch_stamps)  # two batches scored and told before the kill
+
+    # 2. its resume finishes level 1, then Ctrl-C once a level-2 trial completed; SIGTERM on the next resume
+    rc, stdout, stderr = _stop_when_done(resume, env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
     _says_stopped_in_one_line(signal.SIGINT, rc, stdout, stderr)
     done = _left_nothing_running(spec_file, env, 0)
 
@@ -123,6 +172,7 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     assert "resuming sweep" in stdout + stderr, stderr[-2000:]
     done = _left_nothing_running(spec_file, env, done)
 
+    # 3. SIGKILL of the next resume, --status, the last resume
     proc, _, err_log = _start(resume, env, tmp_path, "sigkill")
     try:
         completed = _wait_done(proc, err_log, run_dir, done + 1, "sigkill")
@@ -133,7 +183,6 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     before = read_sweep(spec_file, env)
     assert len([t for t in before.optuna if t.state == TrialState.COMPLETE]) < TRIALS, "killed too late to test resume"
     assert "RUNNING" in {r.info.status for r in before.runs}, "the kill should leave runs RUNNING"
-    sweep_id = json.loads((run_dir / "sweep.json").read_text())["sweep_id"]
     results = {n: run_dir / "trials" / sweep_id / f"{n:05d}.json" for n in completed}
     stamps = {n: p.stat().st_mtime_ns for n, p in results.items()}
 
@@ -154,14 +203,15 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
 
     after = read_sweep(spec_file, env)
     assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
+    assert [t.state for t in after.optuna] == [TrialState.COMPLETE] * TRIALS  # level 2: search.trials archs
     assert Counter(t.config["optuna_trial"] for t in after.ray) == Counter(range(TRIALS))  # one Ray trial each
     assert {t.status for t in after.ray} == {"TERMINATED"}
     runs = after.trial_runs()
     assert sorted(int(r.data.tags["nas.optuna_trial"]) for r in runs) == list(range(TRIALS)), "duplicate MLflow runs"
     assert {r.info.status for r in after.runs} == {"FINISHED"}, Counter(r.info.status for r in after.runs)
-    assert all({"bleu", "latency_ms"} <= set(r.data.metrics) for r in runs)
+    assert all({"bleu", "latency_ratio", "latency_ms"} <= set(r.data.metrics) for r in runs)
     (parent,) = after.roles("sweep")
-    assert parent.data.tags["nas.resumes"] == "3" and len(after.roles("supernet")) == 1
+    assert parent.data.tags["nas.resumes"] == "4" and len(after.roles("supernet")) == 1
     for n, path in results.items():  # completed before the kill: reported again from its file, not re-scored
         assert path.stat().st_mtime_ns == stamps[n]
     optuna_values = {t.number: t.values for t in after.optuna}
@@ -172,6 +222,46 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
     assert f"COMPLETE {TRIALS}" in status.stdout and f"TERMINATED {TRIALS}" in status.stdout
     assert f"FINISHED {TRIALS}; duplicates 0" in status.stdout
+
+    # 1 (continued). level 1, resumed after its kill, ran to its full budget
+    level1 = optuna.load_study(study_name=sweep_id + "-level1", storage=optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(spec.run_dir / "optuna.journal"))))
+    states = [t.state for t in level1.get_trials()]
+    assert states.count(TrialState.COMPLETE) == POPULATION * GENERATIONS
+    for name, stamp in batch_stamps.items():  # scored before the kill: not scored again
+        assert (batches / name).stat().st_mtime_ns == stamp
+    generations = {t.system_attrs.get("NSGAIISampler:generation") for t in level1.get_trials()
+                   if t.state == TrialState.COMPLETE}
+    assert generations >= {0, 1}
+    level1_archs = {t.user_attrs["arch_summary"] for t in level1.get_trials() if t.state == TrialState.COMPLETE}
+    space = SearchSpace.from_spec(spec)
+    assert {space.from_params(t.params).summary() for t in after.optuna} <= level1_archs, \
+        f"not all chosen from level 1 ({len(level1_archs)} distinct archs for {TRIALS} trials)"
+    assert parent.data.metrics["level1_candidates"] == POPULATION * GENERATIONS
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])
+    from nas import tracking
+
+    artifacts = {a.path for a in tracking.get_client().list_artifacts(parent.info.run_id, "level1")}
+    assert {"level1/generation_000.json", "level1/generation_001.json"} <= artifacts
+    table = json.loads(Path(tracking.get_client().download_artifacts(parent.info.run_id, "level1/generation_000.json",
+                                                                     str(tmp_path))).read_text())
+    assert len(table["data"]) == POPULATION, table  # one row per candidate of the generation, logged once
+    history = tracking.get_client().get_metric_history(parent.info.run_id, "candidates_evaluated")
+    assert max(m.value for m in history) == POPULATION * GENERATIONS
+    assert f"level 1 COMPLETE {POPULATION * GENERATIONS}" in status.stdout, status.stdout
+
+    # 4. the named point
+    first = min(after.optuna, key=lambda t: t.number)
+    assert space.from_params(first.params).summary() == MINE and first.user_attrs["point"] == "mine"
+    assert space.from_params(min(level1.get_trials(), key=lambda t: t.number).params).summary() == MINE
+    tagged = {r.data.tags.get("nas.point"): r.data.tags["nas.arch_summary"] for r in after.trial_runs()}
+    assert tagged == {"mine": MINE, None: tagged[None]} and tagged[None] != MINE, tagged
+    unnamed = [r.data.tags["nas.arch_summary"] for r in after.trial_runs() if r.data.tags.get("nas.point") is None]
+    assert len(unnamed) == TRIALS - 1 and MINE not in unnamed, unnamed  # scored once, as the named point
+    board = run_nas(["leaderboard", "--experiment", "interrupt", "--include-infeasible"], {**env, "COLUMNS": "250"},
+                    tmp_path)
+    assert board.returncode == 0, board.stderr
+    assert "point" in board.stdout and "mine" in board.stdout, board.stdout
 
 
 def _count(config):
