@@ -1,8 +1,13 @@
-"""One real sweep against every production backend at once, through a PostgreSQL restart and an MLflow outage.
+"""One real sweep against every production backend at once, through a PostgreSQL restart and an MLflow outage,
+run by the user jobs through ``import nas`` (issue 29).
 
-``nas sweep`` (a subprocess, its own Ray) on the session's tiny supernet, 6 trials, 2 at a time, keeps its Optuna
-study in a PostgreSQL database on the shared server (127.0.0.1:5432) and tracks through a real ``mlflow server``
-whose backend store is a PostgreSQL database too and whose artifacts are proxied to a folder. While it runs:
+The sweep's driver is a fresh ``python -c`` process running what a notebook user would (:data:`USER_JOBS`):
+``nas.sweep(YAML, overrides=...)``, then ``nas.leaderboard``, ``nas.export`` (``best=True``, and by an 8-hex
+run-id prefix) and ``nas.translate``. ``nas.sweep`` (its own Ray) on the session's tiny supernet, 6 trials (the
+overrides' ``search.trials``; the YAML says 2), 2 at a time, keeps its Optuna study in a PostgreSQL database on
+the shared server (127.0.0.1:5432), whose password the YAML takes from ``${NAS_DB_PASSWORD}`` (trust auth accepts
+any), and tracks through a real ``mlflow server`` whose backend store is a PostgreSQL database too and whose
+artifacts are proxied to a folder. While ``nas.sweep`` runs:
 
 1. once a trial is COMPLETE in the study, the shared PostgreSQL server is stopped (``service postgresql stop``) for
    at least 8 s and until the sweep prints that it waits for the Optuna storage, then started again;
@@ -13,15 +18,21 @@ The MLflow server's store is on a PostgreSQL server of the module's own (``own_p
 leaves up: on the shared server, the restart would stall the driver in MLflow's HTTP retries (its callbacks write
 before it tells or asks the study) until the server was back, and the study's wait would never be met.
 
-The finished sweep is then run again (nothing added, nothing uploaded twice). The module-scoped fixture runs both
-once; each test checks one behaviour against what they left, so a failure names what broke. The export test runs
-``nas export`` from another folder with the sweep's supernet folder moved away, reading it through the server.
+The finished sweep is then run again through the CLI, ``nas sweep FILE --set ...`` with the same overrides
+(nothing added, nothing uploaded twice): the first run is the Python API's, the rerun the command line's. The
+module-scoped fixture runs both once; each test checks one behaviour against what they left, so a failure names
+what broke. The export test runs ``nas export`` from another folder with the sweep's supernet folder moved away,
+reading it through the server. The user jobs' results (leaderboard, exports, translations) and the secret, which
+must appear in no output, MLflow param, artifact, run file or MLflow table (``tests/space/test_env_interpolation.py``'s
+redaction on a real sweep), are checked last. This sweep was ``tests/test_python_api.py``'s own before: one Ray
+sweep for both.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +46,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mlflow import MlflowClient
 from optuna.trial import TrialState
 
@@ -43,13 +55,24 @@ from nas.export import load_export
 from nas.model.io import load_model
 from nas.model.supernet import extract
 from nas.search.retry import RETRY_ENV
+from nas.space import REDACTED
 from tests.conftest import SweepRecords, nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 from tests.infra.conftest import RestartableMlflowServer, RestartablePostgres, stop_group
 
 pytestmark = pytest.mark.slow
 
 TRIALS = 6
+YAML_TRIALS = 2
+"""``search.trials`` in the YAML; the user jobs' overrides make it :data:`TRIALS`."""
+OVERRIDES = {"search.trials": TRIALS}
+"""``nas.sweep``'s overrides; the CLI rerun passes them as ``--set`` (the sweep continues with its settings). No
+``search.points_to_evaluate``: its named points would be listed below ``nas leaderboard --top 2``'s rows."""
+SET_ITEMS = [arg for key, value in OVERRIDES.items() for arg in ("--set", f"{key}={json.dumps(value)}")]
 EXPERIMENT = "backends"
+SECRET = "pw-7f3a9c1e5b"
+PASSWORD_ENV = "NAS_DB_PASSWORD"
+SWEEP_RETURNED = "user jobs: nas.sweep returned"
+"""What the user jobs print to stderr once ``nas.sweep`` returned (the leaderboard, exports and translation follow)."""
 MIN_PG_OUTAGE_S = 8.0
 """PostgreSQL stays down at least this long (seconds) ..."""
 MAX_PG_OUTAGE_S = 60.0
@@ -58,6 +81,27 @@ MLFLOW_OUTAGE_S = 30.0
 """How long the MLflow server stays down (seconds)."""
 WAITING = "waiting for the Optuna storage"
 SUPERNET_FILES = ("supernet.safetensors", "supernet.json", "sample_counts.json", "spm.model", "valid.parquet")
+
+USER_JOBS = r'''
+import json, sys
+from pathlib import Path
+import nas
+
+yaml_path, out, overrides = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+result = nas.sweep(yaml_path, overrides=overrides)
+print("user jobs: nas.sweep returned", file=sys.stderr, flush=True)
+table = nas.leaderboard(result.experiment, metric="bleu", top=10)
+exported = nas.export(out / "exported", best=True, experiment=result.experiment)
+again = nas.export(out / "by_prefix", run_id=table.run_id.iloc[-1][:8])
+translations = nas.translate(exported.path, ["A dog runs .", "Two men ."])
+print(json.dumps({"sweep_id": result.sweep_id, "trials": result.trials_completed, "columns": list(table.columns),
+                  "rows": len(table), "run_ids": list(table.run_id), "bleu": [float(b) for b in table.bleu],
+                  "exported_run": exported.run_id, "exported_path": str(exported.path),
+                  "prefix_run": again.run_id, "messages": exported.messages, "translations": translations,
+                  "type": type(table).__name__}))
+'''
+"""The user jobs through ``import nas``, as a notebook would run them: ``python -c USER_JOBS YAML OUT OVERRIDES``
+(OVERRIDES as JSON); the last line of stdout is their results as JSON. ``top=10``: more than the sweep's trials."""
 
 
 def _count(url: str, sql: str) -> int:
@@ -95,8 +139,11 @@ class BackendsSweep:
 
     work: Path
     cluster: Path
-    """Where the sweep ran (its ``workdir`` is ``cluster/runs``)."""
+    """Where the sweep ran (its ``workdir`` is ``cluster/runs``) and the user jobs wrote their exports."""
     spec_file: Path
+    user: str
+    host_db: str
+    """The Optuna storage URL is ``postgresql+psycopg://{user}:${NAS_DB_PASSWORD}@{host_db}``."""
     env: dict[str, str]
     server: RestartableMlflowServer
     optuna_url: str
@@ -113,13 +160,29 @@ class BackendsSweep:
     healthy_while_down: bool | None
     """Whether the MLflow server still answered /health right after its stop (None: never stopped)."""
     running_at_mlflow_restart: bool
+    """Whether ``nas.sweep`` had not yet returned when the MLflow server was started again."""
     tables_after_sweep: dict[str, int]
     rerun: subprocess.CompletedProcess
     tables_after_rerun: dict[str, int]
 
     @functools.cached_property
     def records(self) -> SweepRecords:
-        return read_sweep(self.spec_file, self.env)
+        old = os.environ.get(PASSWORD_ENV)
+        os.environ[PASSWORD_ENV] = self.env[PASSWORD_ENV]  # read_sweep loads the YAML, which names it
+        try:
+            return read_sweep(self.spec_file, self.env)
+        finally:
+            if old is None:
+                del os.environ[PASSWORD_ENV]
+            else:
+                os.environ[PASSWORD_ENV] = old
+
+    @functools.cached_property
+    def jobs(self) -> dict:
+        """The user jobs' results (the last line of their stdout)."""
+        if self.returncode != 0:
+            pytest.fail(f"the user jobs exited {self.returncode}:\n" + self.tail())
+        return json.loads(self.stdout.strip().splitlines()[-1])
 
     def tail(self) -> str:
         return f"--- stdout\n{self.stdout[-3000:]}\n--- stderr\n{self.stderr[-8000:]}"
@@ -172,20 +235,23 @@ def backends_sweep(multi30k, tiny_supernet, tmp_path_factory, restartable_postgr
     cluster = work / "cluster"
     cluster.mkdir()
     optuna_url, mlflow_url = restartable_postgres.create_database(), own_postgres_url
+    user, _, host_db = optuna_url.removeprefix("postgresql+psycopg://").partition("@")
     server = RestartableMlflowServer(work, store=mlflow_url)
     server.start()
     try:
-        raw = tiny_spec_dict(multi30k, cluster, search={"trials": TRIALS, "max_concurrent": 2, "beam_size": 2,
+        storage = f"postgresql+psycopg://{user}:${{{PASSWORD_ENV}}}@{host_db}"  # trust auth: any password
+        raw = tiny_spec_dict(multi30k, cluster, search={"trials": YAML_TRIALS, "max_concurrent": 2, "beam_size": 2,
                                                         "latency_sentences": 2, "method": "tpe"},
-                             tracking={"experiment": EXPERIMENT, "optuna_storage": optuna_url})
+                             tracking={"experiment": EXPERIMENT, "optuna_storage": storage})
         spec_file = sweep_with_supernet(raw, cluster, tiny_supernet)
-        env = nas_env(work, MLFLOW_TRACKING_URI=server.uri, **{RETRY_ENV: "120"})
+        env = nas_env(work, MLFLOW_TRACKING_URI=server.uri, **{RETRY_ENV: "120", PASSWORD_ENV: SECRET})
         for key in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT"):
             env.pop(key, None)  # the sweep runs with MLflow's and nas's own retry settings
         t0 = time.monotonic()
-        sweep = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, env=env, cwd=cluster, start_new_session=True)
+        sweep = subprocess.Popen([sys.executable, "-c", USER_JOBS, str(spec_file), str(cluster), json.dumps(OVERRIDES)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cluster,
+                                 start_new_session=True)
         tee = _Tee(sweep, work)
         pg_outage_s = down_ms = up_ms = 0.0
         healthy_while_down, running_at_restart = None, False
@@ -210,7 +276,7 @@ def backends_sweep(multi30k, tiny_supernet, tmp_path_factory, restartable_postgr
                 down_ms = time.time() * 1000
                 healthy_while_down = server.healthy()
                 time.sleep(MLFLOW_OUTAGE_S)
-                running_at_restart = sweep.poll() is None
+                running_at_restart = sweep.poll() is None and SWEEP_RETURNED not in tee.text("err")
                 server.start()
                 up_ms = time.time() * 1000
             returncode = sweep.wait(timeout=900)
@@ -218,11 +284,11 @@ def backends_sweep(multi30k, tiny_supernet, tmp_path_factory, restartable_postgr
             stop_group(sweep, grace_s=10)  # the driver, and any Ray process it left behind
             tee.close()
         print(f"PostgreSQL down {pg_outage_s:.0f} s, MLflow down {(up_ms - down_ms) / 1000:.0f} s, "
-              f"sweep {time.monotonic() - t0:.0f} s")
+              f"user jobs {time.monotonic() - t0:.0f} s")
         tables_after_sweep = _table_counts(optuna_url, mlflow_url)
-        rerun = run_nas(["sweep", str(spec_file)], env, cwd=cluster)  # a finished sweep run again
-        yield BackendsSweep(work=work, cluster=cluster, spec_file=spec_file, env=env, server=server,
-                            optuna_url=optuna_url, mlflow_url=mlflow_url, returncode=returncode,
+        rerun = run_nas(["sweep", str(spec_file), *SET_ITEMS], env, cwd=cluster)  # a finished sweep run again
+        yield BackendsSweep(work=work, cluster=cluster, spec_file=spec_file, user=user, host_db=host_db, env=env,
+                            server=server, optuna_url=optuna_url, mlflow_url=mlflow_url, returncode=returncode,
                             stdout=tee.text("out"), stderr=tee.text("err"), log=tee.text("log"),
                             pg_outage_s=pg_outage_s, mlflow_down_ms=down_ms, mlflow_up_ms=up_ms,
                             healthy_while_down=healthy_while_down, running_at_mlflow_restart=running_at_restart,
@@ -249,7 +315,7 @@ def test_sweep_waits_out_a_postgres_restart(backends_sweep):
 def test_sweep_runs_through_a_30s_mlflow_server_outage(backends_sweep):
     s = backends_sweep
     assert s.healthy_while_down is False, "the MLflow server was never stopped, or answered after its stop"
-    assert s.running_at_mlflow_restart, "the sweep ended during the outage: it was not mid-sweep\n" + s.tail()
+    assert s.running_at_mlflow_restart, "nas.sweep returned during the outage: it was not mid-sweep\n" + s.tail()
     client = MlflowClient(s.server.uri)
     during = [m for r in s.records.trial_runs() for m in client.get_metric_history(r.info.run_id, "bleu")
               if s.mlflow_down_ms <= m.timestamp <= s.mlflow_up_ms]
@@ -336,8 +402,17 @@ def test_report_finds_the_study_in_postgres_from_the_parent_runs_tags(backends_s
     # "not computed"
     s = backends_sweep
     sweep_id = json.loads((s.cluster / "runs" / "tiny" / "sweep.json").read_text())["sweep_id"]
+    # The tag names the study's PostgreSQL database with its password masked (it came from ${NAS_DB_PASSWORD}):
+    # the report finds that database there, not a journal file, and asks for the password rather than guess it.
+    masked = run_nas(["report", sweep_id, "--format", "md", "--out", str(s.work / "masked.md")], s.env, s.work)
+    assert masked.returncode == 0, masked.stderr[-3000:]
+    said = " ".join(masked.stderr.split())
+    assert f"postgresql+psycopg://{s.user}:{REDACTED}@{s.host_db} is redacted in MLflow" in said, said[-3000:]
+    assert "journal" not in said, said[-3000:]
+    # with the password (--storage), the study name still from the tags: the importances are computed
     out = s.work / "report.md"
-    report = run_nas(["report", sweep_id, "--format", "md", "--out", str(out)], s.env, s.work)
+    report = run_nas(["report", sweep_id, "--format", "md", "--out", str(out), "--storage",
+                      f"postgresql+psycopg://{s.user}:{SECRET}@{s.host_db}"], s.env, s.work)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "not computed" not in report.stderr, report.stderr[-3000:]
     assert "## Parameter importances" in (text := out.read_text()) and "Not computed" not in text
@@ -370,3 +445,93 @@ def test_export_reads_the_supernet_through_the_server_when_the_sweep_folders_are
         assert not list(laptop.glob("nas-export-*")) and sorted(p.name for p in laptop.iterdir()) == ["exported"]
     finally:
         shutil.move(kept, supernet_dir)
+
+
+# The user jobs through ``import nas`` (the sweep's driver) and the secret of its YAML
+
+
+def test_the_yaml_takes_the_optuna_password_from_the_environment(backends_sweep):
+    text = backends_sweep.spec_file.read_text()
+    assert "${NAS_DB_PASSWORD}" in text and SECRET not in text
+
+
+def test_the_user_jobs_overrides_reach_the_sweep(backends_sweep):
+    s = backends_sweep
+    assert s.jobs["trials"] == TRIALS  # the override reached the sweep (the YAML says YAML_TRIALS)
+    assert yaml.safe_load(s.spec_file.read_text())["search"]["trials"] == YAML_TRIALS
+    assert json.loads((s.cluster / "runs" / "tiny" / "sweep.json").read_text())["settings"]["search"][
+        "trials"] == TRIALS
+
+
+def test_the_user_jobs_leaderboard_is_a_dataframe_of_the_trials_best_first(backends_sweep):
+    s = backends_sweep
+    got = s.jobs
+    assert got["type"] == "DataFrame" and got["rows"] == TRIALS  # top=10: every trial
+    assert {"run_id", "arch", "bleu", "latency_ms", "retrain_bleu"} <= set(got["columns"])
+    assert got["bleu"] == sorted(got["bleu"], reverse=True)  # best first
+    assert sorted(got["run_ids"]) == sorted(r.info.run_id for r in s.records.trial_runs())
+
+
+def test_the_user_jobs_export_the_best_and_a_run_id_prefix(backends_sweep):
+    got = backends_sweep.jobs
+    assert got["exported_run"] == got["run_ids"][0]  # --best without constraints: the top row
+    assert got["prefix_run"] == got["run_ids"][-1]  # an 8-hex prefix resolved to the full id
+    assert any("exported" in m for m in got["messages"])
+    exported = Path(got["exported_path"])
+    assert json.loads((exported / "export.json").read_text())["run_id"] == got["exported_run"]
+
+
+def test_the_user_jobs_translate_with_the_export(backends_sweep):
+    got = backends_sweep.jobs
+    assert len(got["translations"]) == 2 and all(isinstance(t, str) for t in got["translations"])
+
+
+def test_the_password_is_in_no_output_and_masked_in_the_params(backends_sweep):
+    s = backends_sweep
+    assert s.jobs  # the user jobs finished
+    assert SECRET not in s.stdout + s.stderr
+    assert SECRET not in s.rerun.stdout + s.rerun.stderr  # the CLI rerun loaded the YAML too
+    client = MlflowClient(s.server.uri)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    assert len(runs) == TRIALS + 2  # sweep, supernet (reused), the trials
+    params = {k: v for r in runs for k, v in r.data.params.items()}
+    assert not [k for k, v in params.items() if SECRET in v]
+    assert params["tracking.optuna_storage"] == f"postgresql+psycopg://{s.user}:{REDACTED}@{s.host_db}"
+
+
+def test_the_password_is_in_no_artifact_or_run_file(backends_sweep, tmp_path):
+    s = backends_sweep
+    client = MlflowClient(s.server.uri)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    downloaded = tmp_path / "artifacts"
+    for r in runs:  # through the server
+        client.download_artifacts(r.info.run_id, "", str(downloaded / r.info.run_id))
+    artifacts = [f for f in downloaded.rglob("*") if f.is_file()]
+    assert any(f.name == "tiny.yaml" for f in artifacts)
+    stored = [f for f in s.server.artifacts.rglob("*") if f.is_file()]  # and where the server keeps them
+    run_files = [f for f in (s.cluster / "runs" / "tiny").rglob("*") if f.is_file()]
+    exports = [f for name in ("exported", "by_prefix") for f in (s.cluster / name).rglob("*") if f.is_file()]
+    assert run_files and exports
+    leaked = [f for f in artifacts + stored + run_files + exports if SECRET.encode() in f.read_bytes()]
+    assert not leaked
+    assert REDACTED.encode() in (s.cluster / "runs" / "tiny" / "sweep.json").read_bytes()
+
+
+def test_the_password_is_in_no_mlflow_table(backends_sweep):
+    """Every row of every table of the MLflow server's PostgreSQL database (params, tags, metric keys, run and
+    experiment names, ...), as ``COPY ... TO STDOUT`` writes it."""
+    import psycopg
+
+    s = backends_sweep
+    dump = bytearray()
+    with psycopg.connect(s.mlflow_url.replace("postgresql+psycopg://", "postgresql://"), connect_timeout=10) as conn:
+        tables = [name for (name,) in conn.execute(
+            "SELECT quote_ident(table_schema) || '.' || quote_ident(table_name) FROM information_schema.tables "
+            "WHERE table_type = 'BASE TABLE' AND table_schema NOT IN ('pg_catalog', 'information_schema')")]
+        for table in tables:
+            with conn.cursor().copy(f"COPY {table} TO STDOUT") as copy:
+                for block in copy:
+                    dump += bytes(block)
+    assert {"public.runs", "public.params", "public.tags", "public.experiments"} <= set(tables), tables
+    assert f"postgresql+psycopg://{s.user}:{REDACTED}@{s.host_db}".encode() in dump  # the params were read
+    assert SECRET.encode() not in dump

@@ -1,6 +1,6 @@
 """``${VAR}`` in the sweep YAML: substituted from the environment at load time, and redacted (``***``) from
 every logged param, artifact and file the sweep writes (the real sweep's check:
-``tests/test_python_api.py::test_the_user_jobs_in_python_sweep_leaderboard_export_translate``)."""
+``tests/infra/test_backends_sweep.py``'s ``test_the_password_is_in_no_*`` tests, on its sweep through ``import nas``)."""
 
 from __future__ import annotations
 
