@@ -9,6 +9,7 @@ What is retried must be safe to run again (the searcher checks a trial's state b
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import threading
@@ -32,6 +33,27 @@ MAX_WAIT_S = 5.0
 
 F = TypeVar("F", bound=Callable[..., Any])
 _depth = threading.local()  # storage calls in progress in this thread: only the outermost one retries
+
+OPTUNA_FALLBACK_LOGGER = "optuna.storages._rdb.storage"
+OPTUNA_FALLBACK_WARNING = "Caught an error from sqlalchemy"
+"""Optuna's ``RDBStorage._get_trials`` takes any ``OperationalError`` for too many SQL variables and logs this
+(with the whole SQL statement) before it queries again the slow way; in an outage the second query fails too."""
+
+
+class _DropOutageFallbackWarning(logging.Filter):
+    """Drops Optuna's fallback warning (:data:`OPTUNA_FALLBACK_WARNING`) for a lost connection inside a call that
+    :func:`retry_storage` retries: that call prints its own one line (``waiting for the Optuna storage ...``), and the
+    warning, a dozen lines of SQL before it, misread the outage as a query too large. Any other record, and the same
+    warning outside a retried call or for another error (SQLite's "too many SQL variables"), goes through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(_depth, "n", 0) == 0:
+            return True
+        message = record.getMessage()
+        return not (message.startswith(OPTUNA_FALLBACK_WARNING) and "connection" in message.lower())
+
+
+logging.getLogger(OPTUNA_FALLBACK_LOGGER).addFilter(_DropOutageFallbackWarning())
 
 
 def transient_error(error: BaseException) -> BaseException | None:
