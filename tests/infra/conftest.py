@@ -215,3 +215,26 @@ def own_postgres_url() -> Iterator[str]:
             subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
                            capture_output=True, timeout=120, cwd=folder)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def bucket_fs(uri: str):
+    """(pyarrow filesystem, ``bucket/key`` path) of an ``s3://`` URI with its query."""
+    import pyarrow.fs
+
+    return pyarrow.fs.FileSystem.from_uri(uri)
+
+
+def bucket_names(uri: str) -> list[str]:
+    import pyarrow.fs
+
+    fs, path = bucket_fs(uri)
+    return sorted(i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)))
+
+
+def bucket_ray_trials(exp: str) -> list:
+    """The Ray Tune trials of the experiment at ``exp``, read from the bucket (none before its first state)."""
+    from ray.tune import ExperimentAnalysis
+
+    if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in bucket_names(exp)):
+        return []
+    return ExperimentAnalysis(exp).trials

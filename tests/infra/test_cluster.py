@@ -21,7 +21,7 @@ import pytest
 from nas.search.tune import ray_dir, run_config
 from nas.space import SpecError, parse_spec
 from tests.conftest import REPO, completed_trials, kill_driver, nas_env, run_nas, sweep_with_supernet, tiny_spec_dict
-from tests.infra.test_s3_storage import _names, _ray_trials
+from tests.infra.conftest import bucket_names, bucket_ray_trials
 
 
 def _spec(multi30k: Path, tmp_path: Path, **resources):
@@ -194,7 +194,7 @@ def test_sweep_on_a_two_node_cluster_with_s3_storage_killed_mid_search_resumes_o
                     assert time.monotonic() < deadline, "no trial completed and uploaded in 600 s"
                     if exp is None and (record := read_sweep_record(run_dir)) is not None:
                         exp = ray_dir(load_spec(spec_file, check_files=False), record.sweep_id, "search")
-                    if exp is not None and completed_trials(run_dir) and (before := _ray_trials(exp)):
+                    if exp is not None and completed_trials(run_dir) and (before := bucket_ray_trials(exp)):
                         break
                     time.sleep(0.5)
             finally:
@@ -216,7 +216,7 @@ def test_sweep_on_a_two_node_cluster_with_s3_storage_killed_mid_search_resumes_o
         assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
         assert "(restored" in resumed.stderr, resumed.stderr[-3000:]  # Tuner.restore from the bucket, not afresh
 
-        after = _ray_trials(exp)
+        after = bucket_ray_trials(exp)
         assert {t.trial_id for t in before} <= {t.trial_id for t in after}  # the trials Ray had uploaded, restored
         assert Counter(t.config["optuna_trial"] for t in after) == Counter(range(TRIALS))  # one Ray trial each
         assert {t.status for t in after} == {"TERMINATED"} and len(after) == TRIALS
@@ -237,7 +237,7 @@ def test_sweep_on_a_two_node_cluster_with_s3_storage_killed_mid_search_resumes_o
         trial_runs = [r for r in runs if r.data.tags.get(tracking.TAG_ROLE) == "trial"]
         assert sorted(int(r.data.tags[tracking.TAG_OPTUNA_TRIAL]) for r in trial_runs) == list(range(TRIALS))
         assert {r.info.status for r in runs} == {"FINISHED"}, Counter(r.info.status for r in runs)
-        names = _names(exp)  # resources.storage_path, not <run>/ray
+        names = bucket_names(exp)  # resources.storage_path, not <run>/ray
         assert len([n for n in names if n.startswith("experiment_state-") and n.endswith(".json")]) == 2  # 2 drivers
         assert "tuner.pkl" in names and not (run_dir / "ray").exists()
     finally:

@@ -3,7 +3,7 @@ fixture): experiment paths that keep the URI's query last, and Ray state files s
 
 The sweep on S3 whose driver is SIGKILLed mid-search and which resumes from the Ray Tune experiment kept in the
 bucket runs in ``test_cluster.py`` (on its 2-node cluster, resumed there: one Ray cluster for both checks), reading
-the bucket with :func:`_names` and :func:`_ray_trials`.
+the bucket with :func:`tests.infra.conftest.bucket_names` and :func:`~tests.infra.conftest.bucket_ray_trials`.
 """
 
 from __future__ import annotations
@@ -13,20 +13,7 @@ import pickle
 from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
-
-
-def _bucket(uri: str):
-    """(pyarrow filesystem, ``bucket/key`` path) of an ``s3://`` URI with its query."""
-    import pyarrow.fs
-
-    return pyarrow.fs.FileSystem.from_uri(uri)
-
-
-def _names(uri: str) -> list[str]:
-    import pyarrow.fs
-
-    fs, path = _bucket(uri)
-    return sorted(i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)))
+from tests.infra.conftest import bucket_fs, bucket_names
 
 
 def test_experiment_uris_keep_the_query_last(multi30k, tmp_path):
@@ -43,7 +30,7 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_in_the_bucket(s3_stor
     from ray import cloudpickle
 
     exp = s3_storage.replace("/ray?", "/ray/sweep-search?")
-    fs, path = _bucket(exp)
+    fs, path = bucket_fs(exp)
 
     def put(name: str, blob: bytes) -> None:
         with fs.open_output_stream(f"{path}/{name}") as f:
@@ -57,24 +44,17 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_in_the_bucket(s3_stor
     for session in (older, newer):
         put(f"search_gen_state-{session}.json", cloudpickle.dumps({"counter": 1}))
     assert restorable(exp)
-    names = _names(exp)
+    names = bucket_names(exp)
     assert f"experiment_state-{newer}.json.corrupt" in names and f"experiment_state-{newer}.json" not in names
     assert f"search_gen_state-{newer}.json.ahead" in names  # it would go with the lost trial list
     assert f"experiment_state-{older}.json" in names and f"search_gen_state-{older}.json" in names
 
     put(f"search_gen_state-{older}.json", b"\x80\x05trunc")
-    assert not restorable(exp) and _names(exp) == []  # no searcher state: set aside, a fresh experiment
-    (aside,) = [n for n in _names(s3_storage) if n.startswith("sweep-search.unrestorable-")]
-    assert f"experiment_state-{older}.json" in _names(s3_storage.replace("/ray?", f"/ray/{aside}?"))
+    assert not restorable(exp) and bucket_names(exp) == []  # no searcher state: set aside, a fresh experiment
+    (aside,) = [n for n in bucket_names(s3_storage) if n.startswith("sweep-search.unrestorable-")]
+    assert f"experiment_state-{older}.json" in bucket_names(s3_storage.replace("/ray?", f"/ray/{aside}?"))
 
     put("tuner.pkl", pickle.dumps({"ok": 1})[:5])  # killed while Tuner() wrote it
     assert not restorable(exp)
 
 
-def _ray_trials(exp: str) -> list:
-    """The Ray Tune trials of the experiment at ``exp``, read from the bucket (none before its first state)."""
-    from ray.tune import ExperimentAnalysis
-
-    if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in _names(exp)):
-        return []
-    return ExperimentAnalysis(exp).trials
