@@ -15,7 +15,11 @@ of ``--profile`` steps of ``today`` (top rows by self CPU time).
 
 Variants (``--variant``, repeatable; default all): ``fused_adam``, Adam as one fused kernel over every parameter
 (``torch.optim.Adam(fused=True)``, on the CPU since PyTorch 2.4) instead of PyTorch's per-parameter loop, which
-is what ``make_optimizer`` gives a CPU run today.
+is what ``make_optimizer`` gives a CPU run today; ``unfused_loss``, the step before the loss was fused with the
+tied output layer: ``F.linear`` to the ``[b, t, V]`` logits, ``log_softmax`` and the smoothed loss through autograd
+(:func:`nas.model.losses.label_smoothed_nll`) in place of :func:`nas.model.losses.linear_label_smoothed_nll`;
+``torch_dropout``, ``F.dropout`` (``bernoulli_``) in place of :func:`nas.model.ops.dropout`'s 16-bit masks;
+``before``, both (the step as it was before either).
 
 ``--allocators``: today's step in fresh processes, one per allocator setting and round, in interleaved rounds
 (an allocator is chosen at a process's start): ``glibc`` (the default), ``glibc_tuned`` (the environment
@@ -38,8 +42,44 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {"fused_adam": {"fused": True}}
+VARIANTS = {"fused_adam": {"fused": True}, "unfused_loss": {}, "torch_dropout": {}, "before": {}}
 """Variant name -> ``make_optimizer`` keyword arguments."""
+PATCHED = {"unfused_loss": ("loss",), "torch_dropout": ("dropout",), "before": ("loss", "dropout")}
+"""Variant name -> what its steps run as before (see above): ``loss`` unfused, ``dropout`` PyTorch's."""
+
+
+def unfused_loss(hidden, weight, target, epsilon, pad_id=0, **_):
+    """What the joint stage computed before :func:`nas.model.losses.linear_label_smoothed_nll`: the logits, then the
+    smoothed loss through autograd."""
+    import torch.nn.functional as F
+
+    from nas.model.losses import label_smoothed_nll
+
+    return label_smoothed_nll(F.linear(hidden, weight), target, epsilon, pad_id)
+
+
+def torch_dropout(x, p):
+    """What :func:`nas.model.ops.dropout` was: ``F.dropout`` (``bernoulli_``)."""
+    import torch.nn.functional as F
+
+    return F.dropout(x, p, True) if p > 0.0 else x
+
+
+def patches(what: tuple[str, ...]) -> list[tuple[object, str, object]]:
+    """(module, name, replacement) of each thing a variant runs as before."""
+    import nas.model.ffn
+    import nas.model.layers
+    import nas.model.supernet
+    import trainers.stages.sandwich
+
+    out = []
+    if "loss" in what:
+        out.append((trainers.stages.sandwich, "linear_label_smoothed_nll", unfused_loss))
+    if "dropout" in what:
+        out += [(module, "drop", torch_dropout) for module in (nas.model.ffn, nas.model.layers, nas.model.supernet)]
+    return out
+
+
 GLIBC_TUNED = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": "1000000000000"}
 """What ``scripts/quickstart.sh`` exports: glibc's aliases of ``glibc.malloc.mmap_max`` and
 ``glibc.malloc.trim_threshold`` (``GLIBC_TUNABLES`` reaches Ray's workers cut at its first ``:``)."""
@@ -125,10 +165,17 @@ def main() -> None:
         stage = build_stage("joint", StageContext(spec, archs, autocast_for(precision, "cpu")))
         return [model, optimizer, scheduler, stage, 0]
 
-    def step(run: list, batch) -> None:
+    def step(run: list, batch, name: str = "today") -> None:
         model, optimizer, scheduler, stage, number = run
         optimizer.zero_grad(set_to_none=True)
-        stage.step(model, [batch], StepInfo(number, batch.ntokens))
+        swapped = [(module, attr, getattr(module, attr)) for module, attr, _ in patches(PATCHED.get(name, ()))]
+        for module, attr, replacement in patches(PATCHED.get(name, ())):
+            setattr(module, attr, replacement)
+        try:
+            stage.step(model, [batch], StepInfo(number, batch.ntokens))
+        finally:
+            for module, attr, original in swapped:
+                setattr(module, attr, original)
         optimizer_step(model, optimizer, scheduler, tr.clip_norm, "bench")
         run[4] = number + 1
 
@@ -150,8 +197,8 @@ def main() -> None:
     runs = {name: build({} if name == "today" else VARIANTS[name]) for name in names}
     print(f"{args.spec.name}: {precision}, {args.threads} threads, {args.steps} steps x {args.rounds} rounds "
           f"(+1 warm-up round), batches of {tr.max_tokens} tokens, sandwich of {2 + tr.sandwich_k}", flush=True)
-    for run in runs.values():
-        step(run, batches[0])
+    for name, run in runs.items():
+        step(run, batches[0], name)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
@@ -167,7 +214,7 @@ def main() -> None:
         for name, run in runs.items():
             t0 = time.perf_counter()
             for batch in chunk:
-                step(run, batch)
+                step(run, batch, name)
             if r:
                 times[name].append((time.perf_counter() - t0) / len(chunk))
     base = statistics.median(times["today"])

@@ -198,12 +198,17 @@ class SuperTransformer(nn.Module):
         c = x.size(-1)
         return F.layer_norm(x, (c,), norm.weight[:c], norm.bias[:c], norm.eps)
 
-    def output_logits(self, x: torch.Tensor) -> torch.Tensor:
-        """``[..., C]`` -> ``[..., V]``: final norm, ``W'_o[:, 1:C]`` (eq. 3) and the tied embedding."""
+    def output_features(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., C]`` -> ``[..., E]``: final norm and ``W'_o[:, 1:C]`` (eq. 3), what the tied output layer
+        (``self.embed.weight [V, E]``) multiplies."""
         h = self._norm(self.decoder_norm, x)
         if self.io_projection:
             h = F.linear(h, self.proj_out.weight[:, :h.size(-1)], self.proj_out.bias)
-        return F.linear(h, self.embed.weight)
+        return h
+
+    def output_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., C]`` -> ``[..., V]``: :meth:`output_features` and the tied embedding."""
+        return F.linear(self.output_features(x), self.embed.weight)
 
     def encode(self, src: torch.Tensor, arch: Arch | None = None,
                reg: Regularization | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,23 +259,27 @@ class SuperTransformer(nn.Module):
         return [per_k[k] for k in ks]
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
-               arch: Arch | None = None, reg: Regularization | None = None) -> torch.Tensor:
+               arch: Arch | None = None, reg: Regularization | None = None, *, features: bool = False) -> torch.Tensor:
         """Teacher-forced decoding: ``tgt_in [b, t]``, :meth:`encode`'s ``memory [b, K*s, C]`` and ``src_pad
-        [b, s]`` -> logits ``[b, t, V]``; ``reg`` as in :meth:`encode`."""
+        [b, s]`` -> logits ``[b, t, V]`` (``features``: :meth:`output_features` ``[b, t, E]`` instead, for
+        :func:`nas.model.losses.linear_label_smoothed_nll` with ``self.embed.weight``); ``reg`` as in
+        :meth:`encode`."""
         arch = self.check_arch(arch)
         x = self.embed_tokens(tgt_in, self.width_of(arch), p=0.0 if reg is None else reg.dropout)
         sources = self.cross_sources(memory, src_pad, arch)
         for layer, dims, (mem, pad) in zip(self.decoder, arch.decoder.layer_dims(), sources):
             x = layer(x, mem, dims, pad, reg)
-        return self.output_logits(x)
+        return self.output_features(x) if features else self.output_logits(x)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, arch: Arch | None = None,
-                reg: Regularization | None = None) -> torch.Tensor:
+                reg: Regularization | None = None, *, features: bool = False) -> torch.Tensor:
         """``src [b, s]``, ``tgt_in [b, t]`` -> logits ``[b, t, V]`` of the sub-Transformer ``arch``
         (the widest when None), with the regularisation ``reg`` (None: none; in training pass
-        ``model.regularization(...)``). Raises ValueError naming a choice beyond the supernet's maxima."""
+        ``model.regularization(...)``); ``features``: what the tied output layer multiplies, ``[b, t, E]``
+        (:meth:`output_features`; a flag of ``forward``, not another method, so that a data-parallel wrapper's
+        ``forward`` runs). Raises ValueError naming a choice beyond the supernet's maxima."""
         memory, src_pad = self.encode(src, arch, reg)
-        return self.decode(tgt_in, memory, src_pad, arch, reg)
+        return self.decode(tgt_in, memory, src_pad, arch, reg, features=features)
 
     def decode_step(self, tokens: torch.Tensor, step: int, memory: torch.Tensor, src_pad: torch.Tensor,
                     arch: Arch | None, cache: list[CacheDict]) -> torch.Tensor:

@@ -10,7 +10,7 @@ from contextlib import AbstractContextManager
 import torch
 
 from nas.data import Batch
-from nas.model.losses import label_smoothed_nll
+from nas.model.losses import label_smoothed_nll, linear_label_smoothed_nll
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 from nas.space import SweepSpec
@@ -51,24 +51,36 @@ def sandwich_step(model: SuperTransformer, batches: Sequence[Batch], archs: Sequ
     for b, batch in enumerate(batches):
         teacher = None
         for i, (arch, reg) in enumerate(zip(archs, regs)):
-            with autocast:
-                logits = model(batch.src, batch.tgt_in, arch, reg=reg)  # [b, t, V]
-            if i == 0 or lam is None:
-                loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+            if lam is None:  # no teacher: the loss fused with the output layer, no [b, t, V] logits held
+                with autocast:
+                    hidden = model(batch.src, batch.tgt_in, arch, reg=reg, features=True)  # [b, t, E]
+                    loss, nll = linear_label_smoothed_nll(hidden, _tied_weight(model), batch.tgt_out,
+                                                          tr.label_smoothing)
                 objective = loss / ntokens
             else:
-                objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam, tr.label_smoothing,
-                                                          probs=True)
-                objective = objective / ntokens
-                out["distill"] += _per_token(soft, ntokens)
+                with autocast:
+                    logits = model(batch.src, batch.tgt_in, arch, reg=reg)  # [b, t, V]
+                if i == 0:
+                    loss, nll = label_smoothed_nll(logits, batch.tgt_out, tr.label_smoothing)
+                    objective = loss / ntokens
+                    teacher = teacher_probs(logits)  # one softmax for all students
+                else:
+                    objective, loss, soft = word_distill_loss(logits, teacher, batch.tgt_out, lam,
+                                                              tr.label_smoothing, probs=True)
+                    objective = objective / ntokens
+                    out["distill"] += _per_token(soft, ntokens)
             if i == 0:
-                teacher = teacher_probs(logits) if lam is not None else None  # one softmax for all students
                 out["nll"] += _per_token(nll, ntokens)
                 if penalty and b == 0 and tr.autoshuffle_penalty > 0:  # MUTE eq. 20: + lambda * sum_k L_p^k
                     objective = objective + tr.autoshuffle_penalty * model.autoshuffle_penalty()
             objective.backward()
             out["widest" if i == 0 else "narrowest" if i == 1 else "sampled"] += _per_token(loss, ntokens)
     return StepOutput(**out)
+
+
+def _tied_weight(model: torch.nn.Module) -> torch.Tensor:
+    """The tied output layer's weight ``[V, E]`` of ``model`` or of the supernet a data-parallel wrapper holds."""
+    return getattr(model, "module", model).embed.weight
 
 
 def _per_token(loss: torch.Tensor, ntokens: int) -> torch.Tensor:
