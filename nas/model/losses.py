@@ -73,8 +73,49 @@ def linear_label_smoothed_nll(hidden: torch.Tensor, weight: torch.Tensor, target
     if tuple(target.shape) != tuple(hidden.shape[:-1]):
         raise ValueError(f"target {tuple(target.shape)} must be hidden {tuple(hidden.shape)} without its last "
                          f"dimension")
-    return _LinearLabelSmoothedNLL.apply(hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1),
-                                         float(epsilon), int(pad_id), int(chunk))
+    args = (hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), float(epsilon), int(pad_id), int(chunk))
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearLabelSmoothedNLL.apply(*args)
+    loss, nll, _, _ = _chunked(*args, grads=False)  # scoring (level 1, validation loss): no gradient to compute
+    return loss, nll
+
+
+def _chunked(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, epsilon: float, pad_id: int,
+             chunk: int, *, grads: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The loss, the NLL and (``grads``) ``d loss / d hidden [N, E]`` and ``d loss / d weight [V, E]`` (float32) of
+    ``hidden [N, E]`` and ``target [N]``, a chunk of tokens at a time (:func:`linear_label_smoothed_nll`)."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    vocab = weight.size(0)
+    with torch.autocast(device, enabled=False), torch.no_grad():
+        w = weight.detach().to(dtype)  # [V, E]
+        grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device) if grads else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if grads else None
+        losses, nlls = [], []
+        for start in range(0, hidden.size(0), chunk):
+            h = hidden[start:start + chunk].detach().to(dtype)  # [n, E]
+            y = target[start:start + chunk].unsqueeze(-1)  # [n, 1]
+            keep = y.ne(pad_id).float()  # [n, 1]
+            z = (h @ w.t()).float()  # [n, V] logits
+            mean = z.mean(-1, keepdim=True)
+            z_y = z.gather(-1, y)
+            top = z.amax(-1, keepdim=True)
+            z.sub_(top).exp_()  # exp(z - max)
+            total = z.sum(-1, keepdim=True)
+            lse = top + total.log()
+            nll = (lse - z_y) * keep  # [n, 1]
+            losses.append(((1.0 - epsilon) * nll + epsilon * (lse - mean) * keep).sum())
+            nlls.append(nll.sum())
+            if grads:
+                z.mul_(keep / total).sub_(keep * (epsilon / vocab))  # softmax - eps / V on kept rows
+                z.scatter_add_(-1, y, keep * -(1.0 - epsilon))  # - (1 - eps) onehot(y)
+                g = z.to(dtype)
+                grad_hidden[start:start + chunk] = (g @ w).float()
+                grad_weight += (g.t() @ h).float()
+        zero = hidden.new_zeros((), dtype=torch.float32)
+        loss = torch.stack(losses).sum() if losses else zero
+        nll_sum = torch.stack(nlls).sum() if nlls else zero.clone()
+    return loss, nll_sum, grad_hidden, grad_weight
 
 
 class _LinearLabelSmoothedNLL(torch.autograd.Function):
@@ -82,35 +123,7 @@ class _LinearLabelSmoothedNLL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, target, epsilon, pad_id, chunk):
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        vocab = weight.size(0)
-        with torch.autocast(device, enabled=False):
-            w = weight.detach().to(dtype)  # [V, E]
-            grad_hidden = torch.empty(hidden.shape, dtype=torch.float32, device=hidden.device)  # [N, E]
-            grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)  # [V, E]
-            losses, nlls = [], []
-            for start in range(0, hidden.size(0), chunk):
-                h = hidden[start:start + chunk].detach().to(dtype)  # [n, E]
-                y = target[start:start + chunk].unsqueeze(-1)  # [n, 1]
-                keep = y.ne(pad_id).float()  # [n, 1]
-                z = (h @ w.t()).float()  # [n, V] logits
-                mean = z.mean(-1, keepdim=True)
-                z_y = z.gather(-1, y)
-                top = z.amax(-1, keepdim=True)
-                z.sub_(top).exp_()  # exp(z - max)
-                total = z.sum(-1, keepdim=True)
-                lse = top + total.log()
-                nll = (lse - z_y) * keep  # [n, 1]
-                losses.append(((1.0 - epsilon) * nll + epsilon * (lse - mean) * keep).sum())
-                nlls.append(nll.sum())
-                z.mul_(keep / total).sub_(keep * (epsilon / vocab))  # softmax - eps / V on kept rows
-                z.scatter_add_(-1, y, keep * -(1.0 - epsilon))  # - (1 - eps) onehot(y)
-                g = z.to(dtype)
-                grad_hidden[start:start + chunk] = (g @ w).float()
-                grad_weight += (g.t() @ h).float()
-            loss = torch.stack(losses).sum() if losses else hidden.new_zeros((), dtype=torch.float32)
-            nll_sum = torch.stack(nlls).sum() if nlls else hidden.new_zeros((), dtype=torch.float32)
+        loss, nll_sum, grad_hidden, grad_weight = _chunked(hidden, weight, target, epsilon, pad_id, chunk, grads=True)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
         ctx.mark_non_differentiable(nll_sum)

@@ -143,3 +143,12 @@ space:
   branches: {values: [1, 2], per_layer: true}
 train: {steps: 1, max_tokens: 64, label_smoothing: 0.1, drop_branch: 0.0}
 """
+
+
+def test_without_autograd_it_computes_no_gradient_and_the_same_loss():
+    hidden, weight, target = _inputs(seed=4)
+    with torch.no_grad():
+        loss, nll = linear_label_smoothed_nll(hidden.requires_grad_(), weight, target, 0.1, 0, chunk=4)
+    want_loss, want_nll = loop_loss(hidden.detach().double(), weight.double(), target, 0.1, 0)
+    assert not loss.requires_grad and loss.grad_fn is None
+    assert float(loss) == pytest.approx(want_loss, rel=1e-5) and float(nll) == pytest.approx(want_nll, rel=1e-5)
