@@ -69,7 +69,7 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
                 samples: int = typer.Option(100, min=2, help="Sub-Transformers to measure (widest, narrowest, then random; at least 2; plus the latency reference)."),
                 threads: Optional[int] = typer.Option(None, min=1, help="torch threads (default: search.cpu_per_trial)."),
                 out_file: Optional[Path] = typer.Option(None, "--out", help="Predictor file (default: <workdir>/<name>/latency_<workload>.safetensors)."),
-                seed: int = typer.Option(0, help="Seed for the sampled archs and the MLP.")) -> None:
+                seed: int = typer.Option(0, help="Seed for the sampled archs.")) -> None:
     """Time sub-Transformers on this machine on the YAML's fixed workload (search.latency_workload), each interleaved
     with the reference arch, fit a latency predictor on their latency_ratio and report its held-out RMSE and MAPE."""
     spec = load_yaml(file, check_predictor=False)  # it may name the file this writes

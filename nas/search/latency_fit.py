@@ -1,5 +1,6 @@
 """``nas latency fit``: time sub-Transformers of a trained supernet on the YAML's fixed workload and fit the HAT
-latency predictor (Wang et al. 2020, sec. 3.3: an MLP from the arch encoding to the measured latency).
+latency predictor (after Wang et al. 2020, sec. 3.3, which fits an MLP from the arch encoding to the measured latency; here a
+ridge regression on the log latency ratio, :class:`nas.eval.latency.LatencyPredictor`).
 
 It prepares what a sweep reads (``search.latency: predicted``), so it sits beside the sweep: above the builders,
 the model and the latency measurement (:func:`nas.eval.latency.collect_fixed_samples`,
@@ -57,7 +58,7 @@ def fit_latency(spec: SweepSpec, *, samples: int = 100, threads: int | None = No
     Args:
         threads: torch threads while timing (default ``search.cpu_per_trial``).
         out_file: the predictor file (default :func:`default_predictor_path`).
-        seed: of the sampled archs and of the MLP.
+        seed: of the sampled archs (and of an MLP's initial weights).
         latency_runner: ``search.latency_engine: onnxruntime``'s runner factory (``nas latency fit`` passes
             :func:`nas.export.latency_engine.onnx_runner`; :func:`nas.search.trials.engine_runner`).
 

@@ -111,6 +111,38 @@ def test_predictor_learns_a_known_relation_within_the_noise():
     assert sum(ratio_errors) / len(ratio_errors) * 100 < MAPE_LIMIT
 
 
+@pytest.mark.parametrize("hidden_layers", [0, 3])
+def test_both_models_learn_the_known_relation(hidden_layers):
+    """The linear default and HAT's MLP (``hidden_layers >= 1``) alike."""
+    predictor = LatencyPredictor(MODEL_DIM, hidden_layers=hidden_layers)
+    metrics = predictor.fit(_synthetic(200, seed=1), holdout=0.2, epochs=600, seed=0)
+    assert metrics["mape"] < MAPE_LIMIT, metrics
+    assert len(predictor.net) == (1 if hidden_layers == 0 else 2 * hidden_layers + 1)
+
+
+def test_the_linear_model_is_ridge_regression_in_closed_form():
+    """Against the normal equations written out with numpy: standardized features X (training mean and sample
+    standard deviation, constant features left at 0) and standardized log ratios y, w = (X^T X + lambda I)^-1 X^T y,
+    prediction exp(y_mean + y_std * x.w)."""
+    import numpy as np
+
+    samples = _synthetic(60, seed=5, noise=0.05)
+    predictor = LatencyPredictor(MODEL_DIM, ridge=2.5)
+    predictor.fit(samples, holdout=0.0)
+    x = np.array([arch_features(Arch.from_dict(s["arch"]), MODEL_DIM) for s in samples])
+    y = np.log([s["latency_ratio"] for s in samples])
+    std = x.std(0, ddof=1)
+    std[std < 1e-9] = 1.0
+    xs = (x - x.mean(0)) / std
+    ys = (y - y.mean()) / y.std(ddof=1)
+    w = np.linalg.solve(xs.T @ xs + 2.5 * np.eye(xs.shape[1]), xs.T @ ys)
+    fresh = _synthetic(10, seed=6)
+    xf = (np.array([arch_features(Arch.from_dict(s["arch"]), MODEL_DIM) for s in fresh]) - x.mean(0)) / std
+    want = np.exp(y.mean() + y.std(ddof=1) * (xf @ w))
+    got = predictor.predict_ratio_many([s["arch"] for s in fresh])
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 def test_predictor_cannot_fit_a_shuffled_target():
     samples = _synthetic(200, seed=1)
     latencies = [s["latency_ratio"] for s in samples]
