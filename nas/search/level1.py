@@ -29,7 +29,8 @@ from nas.search.tune import ray_dir, run_config
 from nas.builders import build_space
 from nas.space import SearchSpace, SweepSpec
 
-__all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "level2_points", "score_batch", "time_samples"]
+__all__ = ["Level1Result", "level1_ref", "level1_counts", "run_level1", "level2_points", "score_batch", "time_samples",
+           "scored_before", "scores_once"]
 
 console = make_console()
 
@@ -95,14 +96,39 @@ def score_batch(config: dict[str, Any], *, l1: Level1Context) -> None:
     predictor = latency_predictor(str(l1.predictor))
     archs = [space.from_params(params) for _, params in batch]
     predicted = predictor.predict_ratio_many(archs)  # the figure a trial measures (interleaved with the reference)
+    scores = scores_once(archs, lambda arch: _score_one(model, arch, spec, vset), scored_before(l1.batch_dir))
     results = []
-    for (number, _), arch, ratio in zip(batch, archs, predicted):
-        score = _score_one(model, arch, spec, vset)
+    for (number, _), arch, ratio, score in zip(batch, archs, predicted, scores):
         results.append({"number": int(number), "score": float(score), "latency_ms": float(ratio * predictor.reference_ms),
-                        "latency_ratio": float(ratio), "arch_summary": arch.summary()})
+                        "latency_ratio": float(ratio), "arch_summary": arch.summary(), "arch_id": arch.arch_id})
     text = json.dumps(results)
     atomic_write_text(path, text)
     tune.report({"level1_results": text})
+
+
+def scored_before(batch_dir: Path) -> dict[str, float]:
+    """``arch_id`` -> level-1 score of each candidate in the batches stored in ``batch_dir`` so far (those stored
+    with an ``arch_id``); a file being written meanwhile is skipped (written atomically: absent or whole)."""
+    known: dict[str, float] = {}
+    for path in sorted(batch_dir.glob("*.json")) if batch_dir.is_dir() else []:
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        known.update({row["arch_id"]: float(row["score"]) for row in rows if "arch_id" in row})
+    return known
+
+
+def scores_once(archs: list, score, known: dict[str, float]) -> list[float]:
+    """Each arch's level-1 score, ``score(arch)`` only for an arch not in ``known`` (``arch_id`` -> score; updated):
+    NSGA-II proposes an arch again in later generations (and within one), and its inherited-weight score on the fixed
+    validation subset is the same every time (eval mode, no dropout, same batches), so it is computed once."""
+    out = []
+    for arch in archs:
+        if arch.arch_id not in known:
+            known[arch.arch_id] = float(score(arch))
+        out.append(known[arch.arch_id])
+    return out
 
 
 class Level1Search(Searcher):
@@ -268,8 +294,9 @@ def _log_generations(spec: SweepSpec, parent: str, logged: set[int]):
                                               "level1_best_score": best}, step=gen)
             except Exception as e:  # tracking is best effort here: the study holds every candidate
                 console.print(f"[yellow]level 1: generation {gen} not logged to MLflow ({type(e).__name__}: {e})")
-            console.print(f"level 1: generation {gen} done ({evaluated} candidates, {len(ok)} of "
-                          f"{len(rows)} feasible, best score {best:.4g})")
+            distinct = len({t.user_attrs.get(ATTR_ARCH, t.number) for t in upto})  # each scored once (scores_once)
+            console.print(f"level 1: generation {gen} done ({evaluated} candidates, {distinct} distinct archs, "
+                          f"{len(ok)} of {len(rows)} feasible, best score {best:.4g})")
     return log
 
 
