@@ -19,7 +19,8 @@ is what ``make_optimizer`` gives a CPU run today; ``unfused_loss``, the step bef
 tied output layer: ``F.linear`` to the ``[b, t, V]`` logits, ``log_softmax`` and the smoothed loss through autograd
 (:func:`nas.model.losses.label_smoothed_nll`) in place of :func:`nas.model.losses.linear_label_smoothed_nll`;
 ``torch_dropout``, ``F.dropout`` (``bernoulli_``) in place of :func:`nas.model.ops.dropout`'s 16-bit masks;
-``before``, both (the step as it was before either).
+``before``, both (the step as it was before either). The dropout variants draw other masks, so their weights
+differ from ``today``'s by more than float tolerance.
 
 ``--allocators``: today's step in fresh processes, one per allocator setting and round, in interleaved rounds
 (an allocator is chosen at a process's start): ``glibc`` (the default), ``glibc_tuned`` (the environment
@@ -168,13 +169,13 @@ def main() -> None:
     def step(run: list, batch, name: str = "today") -> None:
         model, optimizer, scheduler, stage, number = run
         optimizer.zero_grad(set_to_none=True)
-        swapped = [(module, attr, getattr(module, attr)) for module, attr, _ in patches(PATCHED.get(name, ()))]
-        for module, attr, replacement in patches(PATCHED.get(name, ())):
-            setattr(module, attr, replacement)
+        swaps = [(module, attr, getattr(module, attr), new) for module, attr, new in patches(PATCHED.get(name, ()))]
+        for module, attr, _, new in swaps:
+            setattr(module, attr, new)
         try:
             stage.step(model, [batch], StepInfo(number, batch.ntokens))
         finally:
-            for module, attr, original in swapped:
+            for module, attr, original, _ in swaps:
                 setattr(module, attr, original)
         optimizer_step(model, optimizer, scheduler, tr.clip_norm, "bench")
         run[4] = number + 1

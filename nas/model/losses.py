@@ -49,7 +49,7 @@ def linear_label_smoothed_nll(hidden: torch.Tensor, weight: torch.Tensor, target
     contributes nothing. The forward pass computes these per chunk and keeps only ``d loss / d hidden [N, E]`` and
     ``d loss / d weight [V, E]``; the backward pass scales them by the loss's incoming gradient. Against the
     unfused path (``F.linear``, ``log_softmax``, :func:`smoothed_nll_of`) this skips about six passes over the
-    ``[N, V]`` logits (``benchmarks/bench_sandwich_step.py --variant fused_loss``) and their memory (100 MB a
+    ``[N, V]`` logits (``benchmarks/bench_sandwich_step.py --variant unfused_loss`` times the step without it) and their memory (100 MB a
     4,096-token batch at V = 6,000, per sub-Transformer of a sandwich step). Under autocast the matrix products run
     in its dtype and everything else in float32, as the unfused path does.
 
