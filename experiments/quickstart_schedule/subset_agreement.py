@@ -24,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SUBSETS = (50, 100, 200)
+BOOTSTRAP = 1000
 
 
 def main() -> None:
@@ -85,10 +86,19 @@ def main() -> None:
     full_loss = [r["loss_full"] for r in rows]
     bleu = [-r["bleu_full"] for r in rows]  # lower is better, as the loss
     print(f"\n{len(rows)} archs (seed {args.seed}); Kendall tau of the loss on the first N validation sentences:")
-    print(f"{'N':>6} {'vs loss on all':>15} {'vs BLEU on all':>15}")
+    print(f"{'N':>6} {'vs loss on all':>22} {'vs BLEU on all':>22}   (95% bootstrap interval over archs, "
+          f"{BOOTSTRAP} resamples)")
+    boot = random.Random(args.seed)
+    draws = [[boot.randrange(len(rows)) for _ in rows] for _ in range(BOOTSTRAP)]
+
+    def tau(a: list[float], b: list[float]) -> str:
+        taus = sorted(kendalltau([a[i] for i in d], [b[i] for i in d]).statistic for d in draws)
+        low, high = taus[int(0.025 * BOOTSTRAP)], taus[int(0.975 * BOOTSTRAP) - 1]
+        return f"{kendalltau(a, b).statistic:.3f} [{low:.2f}, {high:.2f}]"
+
     for n in (*SUBSETS, "full"):
         loss = [r[f"loss_{n}"] for r in rows]
-        print(f"{str(n):>6} {kendalltau(loss, full_loss).statistic:15.3f} {kendalltau(loss, bleu).statistic:15.3f}")
+        print(f"{str(n):>6} {tau(loss, full_loss):>22} {tau(loss, bleu):>22}")
 
 
 if __name__ == "__main__":
