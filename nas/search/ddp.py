@@ -21,6 +21,7 @@ from typing import Any
 from ray.train.torch import TorchTrainer
 from ray.train.v2.api.callback import UserCallback
 
+from nas.search.ray_session import quiet_worker_exit
 from nas.data import PreparedData
 from nas.space import SweepSpec
 
@@ -78,6 +79,7 @@ def check_in_sync(metrics: list[dict[str, Any]]) -> None:
 
 def _worker(config: dict[str, Any]) -> None:
     """Ray Train worker: the supernet loop in this rank's process group."""
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     import ray.train
     import torch
     from ray.train.torch import get_device

@@ -49,6 +49,7 @@ from rich.table import Table
 from nas.errors import NasError
 from nas import tracking
 from nas.eval.validation import ValidationSet, validation_scores
+from nas.search.ray_session import quiet_worker_exit
 from nas.search.fidelity import score_model
 from nas.atomic import atomic_write_text
 from nas.model.io import save_model
@@ -200,6 +201,7 @@ def finetune_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
         FloatingPointError: a non-finite validation loss or gradient norm (names the step and the arch).
         ValueError: ``search.finetune`` is not set, or the params do not make an arch of the space.
     """
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     spec = ctx.spec
     ft = _finetune_spec(spec)
     number = int(config[OPTUNA_TRIAL_KEY])

@@ -19,6 +19,7 @@ from nas.console import make_console
 
 from nas import faults
 from nas.atomic import atomic_write_text
+from nas.search.ray_session import quiet_worker_exit
 from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, feasible, front_size, gene_choices,
                                   level1_directions, nsga2_sampler, predicted_constraints, recover, select_level2,
                                   suggest_genes, tell)
@@ -77,6 +78,7 @@ def score_batch(config: dict[str, Any], *, l1: Level1Context) -> None:
     JSON list of ``{number, score, latency_ms, latency_ratio, arch_summary}``, after storing it as
     ``<first number>.json`` (a batch stored before a kill is reported from its file, not scored again).
     """
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     import torch
 
     from nas.search.trials import latency_predictor, load_supernet, validation_set
@@ -397,6 +399,7 @@ def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
 def time_samples(config: dict[str, Any], *, ctx, out: Path) -> None:
     """Ray Tune trainable: time ``search.evolution.predictor_samples`` archs (and the reference) on the fixed
     workload with the supernet's weights, and store the samples as JSON in ``out`` (atomically)."""
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     import torch
 
     from nas.eval.latency import collect_fixed_samples

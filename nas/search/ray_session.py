@@ -14,7 +14,7 @@ from nas.data import EncodersFactory
 from nas.search.ray_encode import RayEncoders
 from nas.space import SpecError, SweepSpec
 
-__all__ = ["RAY_NOTICES", "cluster_encoders", "connect", "init_ray", "quiet_ray_notices"]
+__all__ = ["RAY_NOTICES", "cluster_encoders", "connect", "init_ray", "quiet_ray_notices", "quiet_worker_exit"]
 
 
 class _DropNotice(logging.Filter):
@@ -46,6 +46,31 @@ def quiet_ray_notices() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DropNotice) and f.text == text for f in logger.filters):
             logger.addFilter(_DropNotice(text))
+
+
+def _drop_exit_unraisable(hook):
+    """``sys.unraisablehook`` that drops a ``SystemExit`` and passes anything else to ``hook``."""
+    def unraisable(info) -> None:
+        if info.exc_type is not None and issubclass(info.exc_type, SystemExit):
+            return
+        hook(info)
+    unraisable.nas_quiet_exit = True
+    return unraisable
+
+
+def quiet_worker_exit() -> None:
+    """In a Ray worker (call it at a trainable's start; once is enough, again is harmless): a ``SystemExit`` that
+    Python cannot raise is dropped silently instead of printed with its traceback.
+
+    When a sweep's trials end, Ray stops their actors with SIGTERM, and Ray's handler raises ``SystemExit`` wherever
+    the worker is. Inside a garbage-collection callback (a ``WeakSet``'s ``_remove``), Python cannot raise it and
+    prints "Exception ignored in: ... Traceback ... SystemExit: 1" instead; Ray forwards that to the sweep's output
+    after its leaderboard, though nothing failed (seen in ``tests/test_e2e.py``'s sweep on 2026-12-01). The exit
+    was ignored either way (the worker goes on until Ray ends it); only the print goes. Any other exception Python
+    cannot raise is still printed by the hook that was there.
+    """
+    if not getattr(sys.unraisablehook, "nas_quiet_exit", False):
+        sys.unraisablehook = _drop_exit_unraisable(sys.unraisablehook)
 
 
 def connect(address: str | None) -> bool:

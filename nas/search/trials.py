@@ -43,6 +43,7 @@ from nas.eval.validation import ValidationSet, validation_scores
 from nas.atomic import atomic_write_text
 from nas.model.io import load_model
 from nas.model.supernet import SuperTransformer, count_params, extract
+from nas.search.ray_session import quiet_worker_exit
 from nas.search.searcher import CONTROL_KEYS, ERROR_KEY, FINISHED_KEY, OPTUNA_TRIAL_KEY
 from nas.builders import build_space
 from nas.space.arch import Arch
@@ -75,6 +76,7 @@ class SweepContext:
 
 def train_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
     """Ray Tune trainable: train the supernet (resuming from its checkpoint) and report metrics."""
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     from trainers import train_supernet
 
     train_supernet(ctx.spec, ctx.data, ctx.supernet_dir, report=tune.report, progress=False)
@@ -265,6 +267,7 @@ def score_trial(config: dict[str, Any], *, ctx: SweepContext) -> None:
         RuntimeError: injected by :mod:`nas.faults` (tests only), or the replay of a trial that failed
             before the driver was killed.
     """
+    quiet_worker_exit()  # no "SystemExit" traceback when Ray stops this actor
     number = config.get(OPTUNA_TRIAL_KEY)
     params = {k: v for k, v in config.items() if k not in CONTROL_KEYS}
     stored = _load_result(ctx, number)
