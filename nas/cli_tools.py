@@ -85,7 +85,8 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     out.print(f"{len(fit.samples)} sub-Transformers measured on {fit.samples[0]['device']}, workload {fit.workload}; "
               f"reference ({spec.search.latency_reference}) {ref['latency_reference_ms']:.2f} ms", highlight=False)
     out.print(f"held-out RMSE {m['rmse_ratio']:.3f} (latency ratio), MAPE {m['mape']:.1f}% "
-              f"({int(m['holdout_samples'])} of {len(fit.samples)} held out); predictor: {fit.path}")
+              f"({int(m['holdout_samples'])} of {len(fit.samples)} held out; the saved predictor is fitted on all "
+              f"{int(m['train_samples'])}); predictor: {fit.path}")
 
 
 def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),

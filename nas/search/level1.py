@@ -26,7 +26,7 @@ from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, 
 from nas.search.failures import SweepFailed
 from nas.search.searcher import StudyRef
 from nas.search.stop import fit
-from nas.search.tune import ray_dir, run_config
+from nas.search.tune import keep_idle_actors, ray_dir, run_config
 from nas.builders import build_space
 from nas.space import SearchSpace, SweepSpec
 
@@ -341,7 +341,8 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
         tuner = tune.Tuner(trainable, tune_config=tune.TuneConfig(search_alg=searcher, num_samples=-1,
                                                                    reuse_actors=True),
                            run_config=run_config(exp_dir, [], spec.search.max_failures))
-        fit(tuner)
+        with keep_idle_actors(spec.search.max_concurrent):  # a generation's workers wait for the next one
+            fit(tuner)
     study = l1ref.load()
     on_generation(study)
     trials = study.get_trials(deepcopy=False)
@@ -392,7 +393,8 @@ def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
 
     metrics = fit_predictor_file(json.loads(samples_file.read_text(encoding="utf-8")), spec, path)
     console.print(f"level 1: latency predictor fitted on {metrics.get('train_samples', 0):.0f} archs, held-out "
-                  f"MAPE {metrics.get('mape', float('nan')):.1f}%")
+                  f"MAPE {metrics.get('mape', float('nan')):.1f}% (of a fit on "
+                  f"{metrics.get('heldout_fit_samples', 0):.0f} of them)")
     return path
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import pickle
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ray import tune
@@ -17,7 +19,7 @@ from nas.console import make_console
 from nas.search.stop import StopCallback
 from nas.space import SweepSpec
 
-__all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config"]
+__all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config", "keep_idle_actors"]
 
 console = make_console()
 
@@ -138,3 +140,57 @@ def run_config(exp_dir: Path | str, callbacks: list, max_failures: int) -> tune.
         storage, name = str(Path(exp_dir).parent), Path(exp_dir).name
     return tune.RunConfig(name=name, storage_path=storage, callbacks=[*callbacks, StopCallback()],
                           failure_config=tune.FailureConfig(max_failures=max_failures), verbose=0)
+
+
+def _idle_actor_cache(keep: int):
+    """A subclass of Ray Tune's actor cache (``ray.tune.utils.object_cache._ObjectCache``) that keeps up to ``keep``
+    idle actors, instead of one, while no trial is staged (see :func:`keep_idle_actors`)."""
+    from ray.tune.utils.object_cache import _ObjectCache
+
+    class IdleActorCache(_ObjectCache):
+        def _none_expected(self) -> bool:
+            return not any(v for v in self._max_num_objects.values())
+
+        def cache_object(self, key, obj) -> bool:
+            if (len(self._cached_objects[key]) >= self._max_num_objects[key] and self._none_expected()
+                    and 0 < self._num_cached_objects < keep):
+                self._cached_objects[key].append(obj)  # Ray's rule would stop it: one idle actor at most
+                self._num_cached_objects += 1
+                return True
+            return super().cache_object(key, obj)
+
+        def flush_cached_objects(self, force_all: bool = False):
+            if not force_all and self._none_expected() and self._num_cached_objects <= keep:
+                return  # nothing staged yet: the next generation's trials take them
+            yield from super().flush_cached_objects(force_all=force_all)
+
+    return IdleActorCache
+
+
+@contextmanager
+def keep_idle_actors(keep: int) -> Iterator[None]:
+    """Inside: a Ray Tune loop started in this process (``reuse_actors=True``) keeps up to ``keep`` finished trials'
+    actors for the next trials while none is staged, where Ray Tune 2.x keeps one.
+
+    Level 1 asks NSGA-II for a generation only once the previous one is complete, so at each generation's end all
+    its ``max_concurrent`` workers wait with no trial to stage. Ray Tune's actor cache
+    (``_ObjectCache(may_keep_one=True)`` in ``ray.tune.execution.tune_controller``) then keeps one idle actor and
+    stops the others, and the next generation starts new worker processes, each importing torch and loading the
+    supernet again: 9 of the quickstart's 10 generations started one (7.5 s each on a 2-core AVX2 VM, while the
+    other worker waited). Kept actors hold their trial's resources, which only the same Tuner's next trials (the
+    same resources) ask for; Ray Tune flushes them all once the searcher is finished. Ray Tune's private class is
+    replaced for the ``with`` block only (the loop reads the name once, when ``Tuner.fit`` builds its controller).
+
+    Raises:
+        ValueError: ``keep`` below 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep={keep} must be >= 1")
+    from ray.tune.execution import tune_controller
+
+    before = tune_controller._ObjectCache
+    tune_controller._ObjectCache = _idle_actor_cache(keep)
+    try:
+        yield
+    finally:
+        tune_controller._ObjectCache = before

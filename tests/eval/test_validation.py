@@ -98,3 +98,24 @@ def test_a_set_from_text_scores_bleu_but_has_no_loss(tiny):
     assert validation_scores(model, arch, vset, beam_size=2, loss=False) == {"bleu": scores.bleu, "chrf": scores.chrf}
     with pytest.raises(ValueError, match="no token ids"):
         validation_scores(model, arch, vset, beam_size=None)
+
+
+@pytest.mark.parametrize("max_tokens", [64, 4096])
+def test_valid_loss_is_torchs_cross_entropy_of_the_full_logits(tiny, max_tokens):
+    """``valid_loss`` (``nas.eval.scores.target_nll``: logits of the non-pad positions only, logsumexp minus the
+    target's logit) against ``torch.nn.functional.cross_entropy`` of the model's whole ``[b, t, V]`` logits, padding
+    ignored, summed over the same batches."""
+    from nas.data import PAD_ID, TokenBatcher
+
+    model, space, data = tiny
+    src_ids, tgt_ids = data.load_split("valid")
+    for arch in (space.narrowest(), space.widest(), space.sample(random.Random(5))):
+        total, tokens = 0.0, 0
+        with torch.no_grad():
+            for batch in TokenBatcher(src_ids, tgt_ids, max_tokens, shuffle=False).batches(0):
+                logits = model(batch.src, batch.tgt_in, arch)  # [b, t, V]
+                total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch.tgt_out.flatten(),
+                                                                 ignore_index=PAD_ID, reduction="sum"))
+                tokens += int(batch.tgt_out.ne(PAD_ID).sum())
+        assert valid_loss(model, src_ids, tgt_ids, arch, max_tokens=max_tokens) == pytest.approx(total / tokens,
+                                                                                                 rel=1e-6)

@@ -293,11 +293,12 @@ class _SignalOnResult:
 
 @pytest.fixture(scope="module")
 def local_ray():
-    """One local Ray cluster for both signals' Tune loops (started once, shut down after the module). Two CPUs: the
-    stopped loop's trial actor keeps its CPU until the cluster shuts down (a sweep shuts Ray down after a stop)."""
+    """One local Ray cluster for both signals' Tune loops and the generations' test below (started once, shut down
+    after the module). Four CPUs: each stopped loop's trial actor keeps its CPU until the cluster shuts down (a sweep
+    shuts Ray down after a stop), and the generations run two trials at a time."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
@@ -328,3 +329,76 @@ def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_ins
     assert stopped.value.signum == sig
     assert sender.sent and sender.finished, "the signal raised inside the callback"
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class _Generations:
+    """A Ray Tune searcher with level 1's barrier (:class:`nas.search.level1.Level1Search`): ``width`` trials a
+    generation, the next generation asked only once the previous one completed."""
+
+    def __new__(cls, generations: int, width: int):
+        from ray.tune.search import Searcher
+
+        class Generations(Searcher):
+            def __init__(self):
+                super().__init__(metric=None, mode=None)
+                self.asked, self.open = 0, set()
+
+            def set_search_properties(self, metric, mode, config, **spec):
+                return True
+
+            def suggest(self, trial_id):
+                if self.asked >= generations * width:
+                    return Searcher.FINISHED if not self.open else None
+                if self.asked % width == 0 and self.open:
+                    return None  # the generation is asked in full: wait for it
+                self.asked += 1
+                self.open.add(trial_id)
+                return {"n": self.asked}
+
+            def on_trial_complete(self, trial_id, result=None, error=False):
+                self.open.discard(trial_id)
+
+        return Generations()
+
+
+def _sleep_and_report(config):
+    from ray import tune
+
+    start = time.time()
+    time.sleep(5.0 if config["n"] <= 2 else 1.0)  # the first generation: time for both workers to start
+    tune.report({"pid": os.getpid(), "start": start, "end": time.time(), "n": config["n"]})
+
+
+def _generations(tmp_path: Path, name: str, keep: int | None) -> list[list[dict]]:
+    """3 generations of 2 trials (1 CPU each, ``reuse_actors``; 5 s each in the first generation, 1 s after), inside ``keep_idle_actors(keep)`` unless
+    None; each generation's results in order."""
+    from contextlib import nullcontext
+
+    from ray import tune
+
+    from nas.search.tune import keep_idle_actors
+
+    tuner = tune.Tuner(tune.with_resources(_sleep_and_report, {"cpu": 1}),
+                       tune_config=tune.TuneConfig(search_alg=_Generations(3, 2), num_samples=-1, reuse_actors=True),
+                       run_config=tune.RunConfig(name=name, storage_path=str(tmp_path), verbose=0))
+    with keep_idle_actors(keep) if keep else nullcontext():
+        results = sorted((r.metrics for r in tuner.fit()), key=lambda m: m["n"])
+    return [results[i:i + 2] for i in range(0, 6, 2)]
+
+
+def _overlap(generation: list[dict]) -> bool:
+    first, second = sorted(generation, key=lambda m: m["start"])
+    return second["start"] < first["end"]
+
+
+@pytest.mark.slow
+def test_generations_keep_their_two_workers_and_run_side_by_side_with_keep_idle_actors(tmp_path, local_ray):
+    """Level 1's barrier on a real Ray Tune loop. Ray Tune alone keeps one idle actor at a generation's end: the next
+    generation starts a new worker process (a new pid: torch imported and the supernet loaded again) or runs its two
+    trials one after the other. Inside ``keep_idle_actors(2)`` the same two processes score every generation, two
+    trials at a time."""
+    kept = _generations(tmp_path, "kept", 2)
+    assert len({m["pid"] for g in kept for m in g}) == 2, kept
+    assert all(_overlap(g) for g in kept), kept
+    ray_alone = _generations(tmp_path, "ray_alone", None)
+    assert len({m["pid"] for g in ray_alone for m in g}) > 2 or not all(_overlap(g) for g in ray_alone), ray_alone
