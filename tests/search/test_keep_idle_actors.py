@@ -34,7 +34,6 @@ def test_inside_the_cache_keeps_up_to_keep_idle_actors_and_flushes_them_at_the_e
     cache.increase_max(KEY)  # one trial staged: it takes one, and the other is no longer needed
     assert cache.pop_cached_object(KEY) == "a"
     cache.decrease_max(KEY)
-    cache.increase_max(KEY, 0)
     assert cache.num_cached_objects == 1 and cache.has_cached_object(KEY)
     assert list(cache.flush_cached_objects(force_all=True)) == ["b"]  # the searcher finished: all stopped
     assert cache.num_cached_objects == 0
