@@ -103,11 +103,23 @@ def sweep(file: Optional[Path] = typer.Argument(None, help="Sweep YAML (search_s
         out.print(escape(note), highlight=False)
     m = result.supernet_metrics
     out.print(f"supernet: widest sub-Transformer BLEU {m.get('widest_bleu', float('nan')):.2f} "
-              f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the validation set; "
+              f"(chrF {m.get('widest_chrf', float('nan')):.2f}) on the whole validation set; "
               f"trials completed {result.trials_completed}, failed {result.trials_failed}"
               + (" (resumed)" if result.resumed else ""))
+    scope = trial_bleu_scope(spec.search.valid_sentences)
+    if scope:
+        out.print(scope)
     out.print(f"MLflow: experiment '{result.experiment}', parent run {result.parent_run_id} at "
               f"{escape(redact_url(tracking.tracking_uri()))}", highlight=False)
+
+
+def trial_bleu_scope(valid_sentences: int | None) -> str | None:
+    """The line that says the trials' BLEU/chrF come from a validation subset (``search.valid_sentences``), so that
+    a reader does not compare them with the supernet's figure on the whole set; None when trials score on it all."""
+    if valid_sentences is None:
+        return None
+    return (f"trials: BLEU and chrF on the first {valid_sentences} validation sentences (search.valid_sentences), "
+            f"not comparable with the whole set's")
 
 
 @app.command()

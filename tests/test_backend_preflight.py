@@ -25,6 +25,7 @@ def _postgres_up() -> bool:
         return s.connect_ex(("127.0.0.1", 5432)) == 0
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 @pytest.mark.parametrize("uri", [BAD_ROLE, NOTHING_LISTENS], ids=["postgres-bad-role", "http-nothing-listens"])
 @pytest.mark.parametrize("args", [["leaderboard"], ["leaderboard", "--experiment", "e"], ["report", "abc123"],
                                   ["export", "--best", "--out", "exported"],

@@ -154,6 +154,7 @@ def without_file_permission_override() -> list[str]:
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_a_data_file_without_read_permission_names_the_key_and_the_path(work):
     """In a subprocess, the real `nas` command, as a user that file permissions apply to."""
     locked = work / "train.en.gz"

@@ -163,6 +163,7 @@ def _run(args: list[str]) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_runs_end_to_end_on_cpu_without_ray_optuna_or_mlflow(tmp_path):
     out = tmp_path / "out.json"
     done = _run(["search_spaces/quickstart.yaml", "--device", "cpu", "--vocab", "1000", "--max-tokens", "256",
@@ -198,6 +199,7 @@ space:
 """1+1 layers: dynamo traces a layer in about a second on a busy 2-core machine; the data files are never read."""
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_compiled_rows_count_the_sandwich_steps_recompiles(tmp_path):
     """``--compile-cpu`` with the eager backend (dynamo traces, no C++ build): the sandwich step's new archs
     compile new graphs after the first step; the plain widest compiles once."""

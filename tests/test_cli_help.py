@@ -26,3 +26,12 @@ def test_help_is_plain_text(command):
 def test_export_help_keeps_the_serve_extra():
     result = CliRunner().invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
     assert "nas[serve]" in result.output, result.output
+
+
+def test_the_sweep_end_says_when_trials_scored_on_a_validation_subset():
+    """With ``search.valid_sentences`` the trials' BLEU is on a subset (quickstart: 500 of 1,014), higher or lower
+    than the supernet's figure on the whole set; the sweep's last lines say which."""
+    from nas.cli import trial_bleu_scope
+
+    assert trial_bleu_scope(None) is None
+    assert "first 500 validation sentences (search.valid_sentences)" in trial_bleu_scope(500)

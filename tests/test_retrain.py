@@ -134,6 +134,7 @@ def test_inherited_init_starts_from_the_supernet_s_crop(swept, tmp_path):
     assert run.data.tags["nas.init"] == "inherited" and run.data.tags["nas.source_run_id"] == trial  # --best
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_a_killed_retrain_resumes_to_the_weights_of_an_uninterrupted_one(multi30k, tmp_path, tiny_supernet):
     """SIGKILL inside the second checkpoint write (step 4 written to a temporary file, not yet renamed), rerun: the
     final weights equal those of a run never killed (dropout 0.1: the RNG state is restored too), and the killed

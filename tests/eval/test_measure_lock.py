@@ -50,6 +50,7 @@ def _score_in_a_process(multi30k: str, work: str, locks: str, barrier) -> list[t
     return [(h.pid, h.mode, h.start_s, h.end_s) for h in lock.holds]
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_no_latency_measurement_overlaps_another_or_any_scoring(multi30k, tmp_path):
     from nas.builders import build_supernet, prepare_sweep_data
     from nas.model.io import save_model

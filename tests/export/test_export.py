@@ -254,6 +254,7 @@ def test_export_of_a_failed_trial_run_names_it_and_asks_for_a_finished_one(const
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_export_quantize_int8_writes_int8_graphs_that_translate_onnx_uses(constrained_trials, multi30k, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

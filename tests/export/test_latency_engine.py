@@ -12,6 +12,7 @@ from tests.eval.latency.conftest import deep_and_shallow
 WORKLOAD = {"src_tokens": 10, "tgt_tokens": 8, "beam": 2, "batch": 1}
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_onnxruntime_runs_exactly_the_workload_s_decoder_steps_and_the_deeper_arch_is_slower(tiny_data,
                                                                                               translator_steps):
     """Both models exported and run by ``translate_onnx.py``'s beam search; each run is ``tgt_tokens`` decoder
@@ -37,6 +38,7 @@ def test_onnxruntime_refuses_a_model_off_the_cpu(tiny_data):
     runner.close()
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_one_runner_exports_each_structure_once_the_reference_beside_many_candidates(tiny_data, monkeypatch):
     """Issue 41: the export is cached by arch id. Two candidates timed against one reference with one runner (level 1's
     samples), the second the reference's own arch: 2 exports, not 4; a model of another structure with the same arch

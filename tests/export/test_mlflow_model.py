@@ -83,6 +83,7 @@ def test_register_logs_versions_and_moves_the_champion_alias(registered):
         assert [r.run_id for r in tracking.leaderboard(EXP)] == [trial]  # exports never enter the leaderboard
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_champion_loads_in_a_fresh_process_and_translates_like_nas_translate(registered, multi30k):
     work, _, _, _, env = registered
     source = read_lines(multi30k / "test_2016_flickr.en.gz", limit=5)

@@ -38,7 +38,8 @@ print(json.dumps(out))
 """
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
+              pytest.mark.slow]  # ONNX exports: 15-35 s on 2 cores, out of the inner loop (pytest -m "not slow")
 
 
 def _varied(model: SuperTransformer) -> SuperTransformer:

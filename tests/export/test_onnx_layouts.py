@@ -17,7 +17,8 @@ ARCH = Arch(StackArch((32, 16), (64, 32), (2, 1), (1, 1), ("sequential", "prime"
 MAXIMA = Arch(*(StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential+prime",) * 2, ((3, 5), (3, 5)), (2, 2))
                 for _ in range(2)))
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
+              pytest.mark.slow]  # ONNX exports: 15-35 s on 2 cores, out of the inner loop (pytest -m "not slow")
 
 
 @pytest.fixture(scope="module")

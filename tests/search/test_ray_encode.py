@@ -14,6 +14,8 @@ import nas.data.cache as cache_module
 from nas.data import prepare_data, read_lines
 from nas.search.ray_encode import RayEncoders
 
+pytestmark = pytest.mark.slow  # a local Ray cluster: 10-13 s on 2 cores, out of the inner loop (pytest -m "not slow")
+
 SMALL = {"vocab_size": 400, "max_train_pairs": 1000, "max_valid_pairs": 20, "progress": False}
 
 

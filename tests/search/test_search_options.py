@@ -338,6 +338,7 @@ def test_score_arch_times_latency_on_the_named_device(scored, monkeypatch):
     assert seen == [(torch.device("cpu"), torch.device("cpu"))]  # the arch and the reference, interleaved
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_latency_engine_onnxruntime_times_the_trial_on_the_exported_translator(scored, translator_steps):
     """``search.latency_engine: onnxruntime``: a trial's latency comes from the ONNX translator (its decoder steps are
     counted there), with the runner factory the API hands down; without one the trial says how to start it."""

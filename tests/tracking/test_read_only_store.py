@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import REPO
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 @pytest.mark.parametrize("args", [["leaderboard"], ["leaderboard", "--experiment", "e"], ["report", "abc123"],
                                   ["export", "--best", "--out", "exported"], ["export", "--run-id", "abcd", "--out", "x"]])
 def test_a_read_only_command_in_a_folder_without_a_store_creates_nothing(args, tmp_path):

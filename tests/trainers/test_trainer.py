@@ -128,6 +128,7 @@ def test_type1_training_updates_the_eq3_projections_and_the_narrow_crop(prepared
     assert model.model_dim == 32 and model.embed_dim == 32
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_a_few_steps_on_the_unified_space_lower_the_loss_of_the_widest_and_the_narrowest(prepared, tmp_path):
     """search_spaces/unified.yaml's space and supernet (all five families) on the Multi30k slice."""
     import yaml

@@ -103,6 +103,7 @@ def _ratio_in_a_worker(queue, loaded: bool) -> None:
     queue.put(got)
 
 
+@pytest.mark.slow  # over 5 s on 2 cores: out of the inner loop (pytest -m "not slow")
 def test_two_worker_processes_under_different_contention_give_the_same_ratio_within_5_percent():
     ctx = multiprocessing.get_context("spawn")
     results = []
