@@ -74,7 +74,6 @@ def main() -> None:
 
     import sacrebleu
     import torch
-    from scipy.stats import kendalltau
 
     from nas.data import PreparedData
     from nas.eval.validation import ValidationSet
@@ -115,31 +114,35 @@ def main() -> None:
             done[arch.arch_id] = row
             print(f"{i + 1}/{len(archs)} {row['arch']}: BLEU {row['bleu_500']:.2f} (500) {row['bleu_all']:.2f} (all), "
                   f"{row['seconds']:.0f} s", flush=True)
-    rows = [done[a.arch_id] for a in archs]
+    print()
+    print(summarize([done[a.arch_id] for a in archs], args.seed, journal.name))
+
+
+def summarize(rows: list[dict], seed: int, source: str) -> str:
+    """The printed table of ``rows`` (one per arch, level 2's order): Kendall tau of each subset's BLEU against BLEU
+    on all, with the percentile bootstrap interval of :func:`experiments.ground_truth.bootstrap_tau`, and the
+    best-of-8 choice over ``DRAWS`` random groups (``random.Random(seed)``)."""
+    from experiments.ground_truth import bootstrap_tau, kendall_tau
+
     full_bleu = [r["bleu_all"] for r in rows]
-    print(f"\n{len(rows)} archs level 2 would choose among (its order, {journal.name}); BLEU spread on all "
-          f"{min(full_bleu):.2f}-{max(full_bleu):.2f}")
-    boot = random.Random(args.seed)
-    draws = [[boot.randrange(len(rows)) for _ in rows] for _ in range(BOOTSTRAP)]
-    groups = [boot.sample(range(len(rows)), min(GROUP, len(rows))) for _ in range(DRAWS)]
-
-    def tau(a: list[float], b: list[float]) -> str:
-        taus = sorted(kendalltau([a[i] for i in d], [b[i] for i in d]).statistic for d in draws)
-        low, high = taus[int(0.025 * BOOTSTRAP)], taus[int(0.975 * BOOTSTRAP) - 1]
-        return f"{kendalltau(a, b).statistic:.3f} [{low:.2f}, {high:.2f}]"
-
-    print(f"{'N':>6} {'tau vs BLEU on all':>24} {'same best of 8':>15} {'BLEU lost: mean':>16} {'worst':>6}")
+    rng = random.Random(seed)
+    groups = [rng.sample(range(len(rows)), min(GROUP, len(rows))) for _ in range(DRAWS)]
+    lines = [f"{len(rows)} archs level 2 would choose among (its order, {source}); BLEU spread on all "
+             f"{min(full_bleu):.2f}-{max(full_bleu):.2f}",
+             f"{'N':>6} {'tau vs BLEU on all':>24} {'same best of 8':>15} {'BLEU lost: mean':>16} {'worst':>6}"]
     for n in (*SUBSETS, "all"):
         sub = [r[f"bleu_{n}"] for r in rows]
+        low, high = bootstrap_tau(sub, full_bleu, draws=BOOTSTRAP)
         same, lost = 0, []
         for g in groups:
             pick = max(g, key=lambda i: sub[i])
             best = max(g, key=lambda i: full_bleu[i])
             same += full_bleu[pick] == full_bleu[best]
             lost.append(full_bleu[best] - full_bleu[pick])
-        print(f"{str(n):>6} {tau(sub, full_bleu):>24} {same / len(groups):>15.1%} {statistics.mean(lost):>16.2f} "
-              f"{max(lost):>6.2f}")
-
+        tau = f"{kendall_tau(sub, full_bleu):.3f} [{low:.2f}, {high:.2f}]"
+        lines.append(f"{str(n):>6} {tau:>24} {same / len(groups):>15.1%} {statistics.mean(lost):>16.2f} "
+                     f"{max(lost):>6.2f}")
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()
