@@ -2,7 +2,7 @@
 front (checked against Optuna's own non-dominated sort and crowding distance), and level 1's generations asked in
 full. Level 1 resumed after a kill (the kill point ``NAS_TEST_KILL=level1_batch:2``) and the user's named arch from a
 point file are checked on a real sweep in ``tests/search/test_interrupt.py``
-(``test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``), whose evolution
+(``test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``), whose evolution
 sweep is killed in level 1 before its stops in level 2: one sweep, one Ray cluster fewer."""
 
 from __future__ import annotations

@@ -3,10 +3,14 @@ MLflow: SIGINT to the driver's process group (what a terminal sends), SIGTERM to
 The sweep stops there with one line naming the way back in (exit 130 or 143), leaves no MLflow run RUNNING,
 and the same sweep resumed finishes every trial.
 
-The sweep is a two-level one (``search.method: evolution``), so the same sweep first checks level 1 resumed after a
-kill: its first run is SIGKILLed by the kill point ``NAS_TEST_KILL=level1_batch:2`` once level 1 told Optuna its
-second batch, and its resume finishes level 1 to its full budget without scoring a stored batch again, then is
-stopped in level 2 (the Ctrl-C). With it the user's named arch from a point file (``{file: baselines.yaml}``).
+The sweep is a two-level one (``search.method: evolution``) that trains its own supernet, and the same sweep is also
+killed at the named kill points of :mod:`nas.faults` (``NAS_TEST_KILL``; the kills of ``benchmarks/bench_resume.py``,
+folded in here): inside a supernet checkpoint write (in the Ray worker), once level 1 told Optuna its second batch,
+between Optuna's tell and the trial's MLflow run's end, and as an MLflow write starts; resumed after each, it loses,
+duplicates and re-scores nothing (the bench's own audit). With it the user's named arch from a point file
+(``{file: baselines.yaml}``). A SIGKILL of the driver from outside, at no named point, is
+``tests/infra/test_cluster.py``'s; a kill of a trial's Ray actor, ``tests/search/test_failures.py``'s; a kill inside
+data preparation, ``tests/data/test_encode.py``'s.
 
 Before, Ray Tune caught SIGINT inside ``Tuner.fit``, printed its ``Tuner.restore(...)`` advice and returned
 as if the stage were done; SIGTERM reached Ray's C++ failure handler, which printed a stack trace and aborted
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,16 +31,17 @@ from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from optuna.trial import TrialState
 
 from nas.space import load_spec
 from nas.space.space import SearchSpace
-from tests.conftest import (completed_trials, kill_driver, nas_env, read_sweep, run_nas, sweep_with_supernet,
-                            tiny_spec_dict)
+from tests.conftest import (completed_trials, kill_driver, load_script, nas_env, read_sweep, run_nas, tiny_spec_dict,
+                            use_tiny_data)
 
 TRIALS = 7
-"""Level 2's trials. Ctrl-C after the first trial completes, SIGTERM after the next, SIGKILL after the next (2 at a
-time): at least one left at each stop."""
+"""Level 2's trials. Ctrl-C after the first trial completes, SIGTERM after the next, the kill after Optuna's tell
+after the next, the kill at an MLflow write at most one more (2 at a time): at least one left at each stop."""
 POPULATION, GENERATIONS, BATCH = 4, 4, 2
 """Level 1: generation 0 is two batches, scored at once (``max_concurrent`` 2), so the kill after the second batch
 leaves none in flight; ``POPULATION x GENERATIONS`` candidates give level 2 its ``TRIALS`` distinct archs (level 2
@@ -60,6 +66,25 @@ def _wait_done(proc: subprocess.Popen, err_log: Path, run_dir: Path, done: int, 
         assert time.monotonic() < deadline, f"{name}: {done} trial(s) not completed in 600 s"
         time.sleep(0.2)
     return found
+
+
+def _killed_at(point: str, args: list[str], env: dict, cwd: Path, kills_log: Path, name: str) -> tuple[str, int, str]:
+    """Run ``nas ARGS`` in a new session with the kill point ``point`` (``NAME:N``) armed; once the point logged its
+    kill (in the driver, or in a Ray worker, after which the driver would go on), SIGKILL the driver and what it
+    left in its process group, as a dead machine would lose them. Returns (point logged, its pid, stderr)."""
+    before = len(kills_log.read_text().splitlines()) if kills_log.is_file() else 0
+    proc, _, err_log = _start(args, {**env, "NAS_TEST_KILL": point, "NAS_TEST_KILL_LOG": str(kills_log)}, cwd, name)
+    deadline = time.monotonic() + 600
+    try:
+        while len(kills_log.read_text().splitlines() if kills_log.is_file() else []) <= before:
+            assert proc.poll() is None, f"{name}: the sweep ended before its kill at {point}:\n" + \
+                err_log.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"{name}: no kill at {point} in 600 s"
+            time.sleep(0.1)
+    finally:
+        kill_driver(proc)
+    hit, pid = kills_log.read_text().splitlines()[before].split()
+    return hit, int(pid), err_log.read_text()
 
 
 def _stop_when_done(args: list[str], env: dict, cwd: Path, run_dir: Path, done: int, sig: int, name: str):
@@ -106,29 +131,33 @@ def _left_nothing_running(spec_file: Path, env: dict, done_before: int) -> int:
 
 
 @pytest.mark.slow
-def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time(multi30k, tmp_path,
-                                                                                                tiny_supernet,
-                                                                                                monkeypatch):
-    """One two-level sweep (``search.method: evolution``; level 2 2 trials at a time), killed once in level 1,
-    stopped three times in level 2, and resumed after each:
+def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time(multi30k, tmp_path,
+                                                                                              tiny_data, monkeypatch):
+    """One two-level sweep (``search.method: evolution``; level 2 2 trials at a time), stopped six times and resumed
+    after each:
 
-    1. SIGKILL of the first run by the kill point ``level1_batch:2`` once level 1 told its second batch; the resume
+    1. SIGKILL inside the supernet's second checkpoint write (``checkpoint_write:2``, in the Ray worker training
+       it; the driver and its group killed after); the next run trains on from the first checkpoint, left whole,
+       and finishes the supernet.
+    2. SIGKILL of that run by the kill point ``level1_batch:2`` once level 1 told its second batch; the resume
        finishes level 1 to ``population x generations`` candidates over at least two NSGA-II generations, scores
        neither stored batch again, logs each generation's table to the parent run once, and level 2 scores archs
        chosen from level 1.
-    2. Ctrl-C on that resume (exit 130) and SIGTERM on the next (exit 143): each stops at a safe point with one
+    3. Ctrl-C on that resume (exit 130) and SIGTERM on the next (exit 143): each stops at a safe point with one
        line naming the way back in, no traceback, and no MLflow run RUNNING (the parent KILLED). (Before, Ray Tune
        swallowed Ctrl-C, and SIGTERM aborted the driver with its runs RUNNING.)
-    3. SIGKILL of the next resume's driver and its Ray processes once another trial completed (no safe point: runs
-       are left RUNNING); ``--status`` shows the counts; the last resume marks the stale runs KILLED, finishes every
-       trial once in Optuna, Ray Tune and MLflow, and re-scores none that had completed.
-    4. The user's named arch from a point file (``{file: baselines.yaml}``): level 1 opens with it, level 2 scores
+    4. SIGKILL of the next resume's driver between Optuna's tell and the trial's MLflow run's end (``after_tell:1``;
+       no safe point: runs are left RUNNING; ``--status`` shows the counts), then of the next as an MLflow write
+       starts (``mlflow_write:2``); the last resume marks the stale runs KILLED, finishes every trial once in Optuna,
+       Ray Tune and MLflow (``benchmarks/bench_resume.py``'s audit finds no loss, duplicate or RUNNING run), and
+       re-scores none that had completed.
+    5. The user's named arch from a point file (``{file: baselines.yaml}``): level 1 opens with it, level 2 scores
        it as its first trial whatever level 1 finds, tagged ``nas.point`` in MLflow, and the leaderboard names it;
        the resumes read it from the sweep's saved YAML.
 
-    (One sweep for the four: the stop and the resume do not depend on which run of a sweep is stopped.)"""
+    (One sweep for all: the stop and the resume do not depend on which run of a sweep is stopped.)"""
     (tmp_path / "baselines.yaml").write_text(f'mine: "{MINE}"\n', encoding="utf-8")
-    raw = tiny_spec_dict(multi30k, tmp_path, **{
+    raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path, **{
         "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "method": "evolution", "seed": 0,
                    "metrics": [{"name": "bleu", "goal": "maximize"}, {"name": "latency_ratio", "goal": "minimize"}],
                    "latency_workload": {"src_tokens": 6, "tgt_tokens": 4}, "latency_repeats": 2,
@@ -136,14 +165,22 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
                    "evolution": {"population": POPULATION, "generations": GENERATIONS, "batch_size": BATCH,
                                  "subset_sentences": 6, "predictor_samples": 4}},
         "tracking": {"experiment": "interrupt"},
-    })
-    spec_file = sweep_with_supernet(raw, tmp_path, tiny_supernet)  # the session's supernet: the search starts at once
+    }), tiny_data)  # the session's data: the sweep trains its own supernet, as a new sweep does
+    spec_file = tmp_path / "tiny.yaml"
+    spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
     env = nas_env(tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
+    kills_log = tmp_path / "kills.log"
     resume = ["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")]
 
-    # 1. level 1 killed after its second batch (the kill point armed for this run only)
-    kill_env = {**env, "NAS_TEST_KILL": "level1_batch:2", "NAS_TEST_KILL_LOG": str(tmp_path / "kills.log")}
+    # 1. a kill inside the supernet's second checkpoint write (step 8 of 8), in the Ray worker that trains it
+    point, pid, stderr = _killed_at("checkpoint_write:2", ["sweep", str(spec_file)], env, tmp_path, kills_log,
+                                    "checkpoint")
+    assert point == "checkpoint_write" and f"pid={pid})" in stderr + (tmp_path / "checkpoint.stdout.log").read_text()
+    assert not (run_dir / "supernet" / "metrics.json").exists(), "killed after the supernet was done"
+
+    # 2. its rerun trains on from the checkpoint, finishes the supernet, then level 1 is killed after its second batch
+    kill_env = {**env, "NAS_TEST_KILL": "level1_batch:2", "NAS_TEST_KILL_LOG": str(kills_log)}
     killed = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=kill_env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -155,14 +192,19 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
             pass
         killed.wait()
     assert killed.returncode == -9, killed_out[-3000:] + killed_err[-6000:]
-    assert "level1_batch" in (tmp_path / "kills.log").read_text()
+    assert kills_log.read_text().splitlines()[-1].split()[0] == "level1_batch"
+    assert (run_dir / "supernet" / "metrics.json").is_file(), "the supernet was not finished after its kill"
+    assert "resuming sweep" in killed_out + killed_err
+    # trained on from the step-4 checkpoint the kill left whole: steps 6 and 8 logged, not 2
+    logged = killed_out + killed_err
+    assert re.search(r"\bstep 6/8\b", logged) and not re.search(r"\bstep 2/8\b", logged), logged[-4000:]
     spec = load_spec(spec_file, check_files=False)  # reads the point file, as nas sweep does
     sweep_id = json.loads((spec.run_dir / "sweep.json").read_text())["sweep_id"]
     batches = spec.run_dir / "level1" / sweep_id / "batches"
     batch_stamps = {p.name: p.stat().st_mtime_ns for p in batches.glob("*.json")}
     assert len(batch_stamps) == 2, sorted(batch_stamps)  # two batches scored and told before the kill
 
-    # 2. its resume finishes level 1, then Ctrl-C once a level-2 trial completed; SIGTERM on the next resume
+    # 3. its resume finishes level 1, then Ctrl-C once a level-2 trial completed; SIGTERM on the next resume
     rc, stdout, stderr = _stop_when_done(resume, env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
     _says_stopped_in_one_line(signal.SIGINT, rc, stdout, stderr)
     done = _left_nothing_running(spec_file, env, 0)
@@ -172,28 +214,32 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     assert "resuming sweep" in stdout + stderr, stderr[-2000:]
     done = _left_nothing_running(spec_file, env, done)
 
-    # 3. SIGKILL of the next resume, --status, the last resume
-    proc, _, err_log = _start(resume, env, tmp_path, "sigkill")
-    try:
-        completed = _wait_done(proc, err_log, run_dir, done + 1, "sigkill")
-    finally:
-        kill_driver(proc)
-    assert proc.returncode == -signal.SIGKILL
-    assert (run_dir / "supernet" / "metrics.json").is_file()
-    before = read_sweep(spec_file, env)
-    assert len([t for t in before.optuna if t.state == TrialState.COMPLETE]) < TRIALS, "killed too late to test resume"
-    assert "RUNNING" in {r.info.status for r in before.runs}, "the kill should leave runs RUNNING"
-    results = {n: run_dir / "trials" / sweep_id / f"{n:05d}.json" for n in completed}
-    stamps = {n: p.stat().st_mtime_ns for n, p in results.items()}
-
+    # 4. a kill between Optuna's tell and the MLflow run's end, --status, a kill at an MLflow write, the last resume
+    point, pid, _ = _killed_at("after_tell:1", resume, env, tmp_path, kills_log, "after_tell")
+    assert point == "after_tell"
+    after_tell = read_sweep(spec_file, env)
+    told = [t for t in after_tell.optuna if t.state == TrialState.COMPLETE]
+    assert done < len(told) < TRIALS, f"{len(told)} of {TRIALS} complete, {done} before: stopped too late to test it"
+    assert "RUNNING" in {r.info.status for r in after_tell.trial_runs()}, "the kill should leave the told trial's " \
+        "MLflow run RUNNING"
     status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
     assert status.returncode == 0, status.stderr[-3000:]
     assert "optuna" in status.stdout and "COMPLETE" in status.stdout and "RUNNING" in status.stdout
 
+    point, pid, _ = _killed_at("mlflow_write:2", resume, env, tmp_path, kills_log, "mlflow_write")
+    assert point == "mlflow_write"
+    before = read_sweep(spec_file, env)
+    assert len([t for t in before.optuna if t.state == TrialState.COMPLETE]) < TRIALS, "killed too late to test resume"
+    assert "RUNNING" in {r.info.status for r in before.runs}, "the kills should leave runs RUNNING"
+    completed = completed_trials(run_dir)
+    results = {n: run_dir / "trials" / sweep_id / f"{n:05d}.json" for n in completed}
+    stamps = {n: p.stat().st_mtime_ns for n, p in results.items() if p.is_file()}
+    assert len(stamps) >= len(told), (sorted(stamps), len(told))
+
     resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)  # no FILE: the saved copy
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
     assert "(resumed)" in resumed.stdout
-    # runs the killed driver left RUNNING (the parent run goes on): ended as KILLED on resume. A kill between two
+    # runs the killed drivers left RUNNING (the parent run goes on): ended as KILLED on resume. A kill between two
     # trials can leave only the parent RUNNING, and then there is nothing to mark.
     stale = [r for r in before.runs if r.info.status == "RUNNING" and r.data.tags.get("nas.role") != "sweep"]
     if stale:
@@ -202,6 +248,8 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
         assert "marked" not in resumed.stderr, resumed.stderr[-3000:]
 
     after = read_sweep(spec_file, env)
+    counts, problems = load_script("benchmarks/bench_resume.py").audit(TRIALS, after.optuna, after.ray, after.runs)
+    assert problems == [] and counts["completed"] == {"optuna": TRIALS, "ray": TRIALS, "mlflow": TRIALS}, counts
     assert len(after.optuna) == TRIALS and all(t.state == TrialState.COMPLETE for t in after.optuna)
     assert [t.state for t in after.optuna] == [TrialState.COMPLETE] * TRIALS  # level 2: search.trials archs
     assert Counter(t.config["optuna_trial"] for t in after.ray) == Counter(range(TRIALS))  # one Ray trial each
@@ -211,9 +259,9 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     assert {r.info.status for r in after.runs} == {"FINISHED"}, Counter(r.info.status for r in after.runs)
     assert all({"bleu", "latency_ratio", "latency_ms"} <= set(r.data.metrics) for r in runs)
     (parent,) = after.roles("sweep")
-    assert parent.data.tags["nas.resumes"] == "4" and len(after.roles("supernet")) == 1
-    for n, path in results.items():  # completed before the kill: reported again from its file, not re-scored
-        assert path.stat().st_mtime_ns == stamps[n]
+    assert parent.data.tags["nas.resumes"] == "6" and len(after.roles("supernet")) == 1
+    for n, stamp in stamps.items():  # completed before the kills: reported again from its file, not re-scored
+        assert results[n].stat().st_mtime_ns == stamp
     optuna_values = {t.number: t.values for t in after.optuna}
     for r in runs:
         n = int(r.data.tags["nas.optuna_trial"])
@@ -222,8 +270,10 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
     assert f"COMPLETE {TRIALS}" in status.stdout and f"TERMINATED {TRIALS}" in status.stdout
     assert f"FINISHED {TRIALS}; duplicates 0" in status.stdout
+    assert [line.split()[0] for line in kills_log.read_text().splitlines()] == [
+        "checkpoint_write", "level1_batch", "after_tell", "mlflow_write"]
 
-    # 1 (continued). level 1, resumed after its kill, ran to its full budget
+    # 2 (continued). level 1, resumed after its kill, ran to its full budget
     level1 = optuna.load_study(study_name=sweep_id + "-level1", storage=optuna.storages.JournalStorage(
         optuna.storages.journal.JournalFileBackend(str(spec.run_dir / "optuna.journal"))))
     states = [t.state for t in level1.get_trials()]
@@ -250,7 +300,7 @@ def test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_re
     assert max(m.value for m in history) == POPULATION * GENERATIONS
     assert f"level 1 COMPLETE {POPULATION * GENERATIONS}" in status.stdout, status.stdout
 
-    # 4. the named point
+    # 5. the named point
     first = min(after.optuna, key=lambda t: t.number)
     assert space.from_params(first.params).summary() == MINE and first.user_attrs["point"] == "mine"
     assert space.from_params(min(level1.get_trials(), key=lambda t: t.number).params).summary() == MINE

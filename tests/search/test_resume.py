@@ -1,8 +1,8 @@
 """Resume: what a resume refuses, and the searcher's restore rules on a real Optuna journal with real Ray ``Trial``
-objects standing for a restored experiment. `nas sweep` SIGKILLed once a search trial has completed, then resumed
-(real Ray Tune, Optuna journal and MLflow SQLite in subprocesses): in
-``tests/search/test_interrupt.py::test_ctrl_c_sigterm_and_sigkill_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``,
-the same sweep's third stop.
+objects standing for a restored experiment. `nas sweep` SIGKILLed between Optuna's tell and the trial's MLflow run's
+end and as an MLflow write starts, then resumed (real Ray Tune, Optuna journal and MLflow SQLite in subprocesses): in
+``tests/search/test_interrupt.py::test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``,
+the same sweep's fifth and sixth stops.
 """
 
 from __future__ import annotations
