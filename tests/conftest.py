@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator
@@ -320,6 +321,31 @@ def sweep_with_supernet(raw: dict, work: Path, tiny_supernet: tuple[Path, Path])
 def nas_env(work: Path, **extra: str) -> dict[str, str]:
     """Environment for a ``nas`` subprocess: MLflow in ``work/mlflow.db`` (unless ``extra`` sets it)."""
     return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work / 'mlflow.db'}", "PYTHONPATH": str(REPO), **extra}
+
+
+def nas_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``nas ARGS`` in this process, as :func:`run_nas` runs it in a subprocess: the same typer app
+    (``typer.testing.CliRunner``), the environment set to ``env`` for the call (variables ``env`` lacks unset), the
+    current folder ``cwd``, stdout and stderr captured apart, the exit code (an exception the command did not
+    handle: exit 1 with its traceback on stderr, as Python prints it). For the commands that only read and write
+    files and stores (``leaderboard``, ``export``, ``report``, ``sweep --status``, refusals that exit 2): a
+    subprocess pays 3-5 s importing torch, MLflow and Ray before it starts. Sweeps, kills, signals and anything that
+    sets process-wide state (``--threads``) stay in :func:`run_nas`."""
+    import traceback
+    from contextlib import chdir
+
+    from typer.testing import CliRunner
+
+    from nas.cli import app
+
+    changes: dict[str, str | None] = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    changes.update({k: None for k in os.environ if k not in env})
+    with chdir(cwd):
+        result = CliRunner().invoke(app, [str(a) for a in args], env=changes)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(["nas", *map(str, args)], result.exit_code, result.stdout, stderr)
 
 
 def run_nas(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 900):

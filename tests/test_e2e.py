@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, tiny_spec_dict
+from tests.conftest import REPO, nas_cli, tiny_spec_dict
 
 pytestmark = pytest.mark.slow
 
@@ -200,24 +200,25 @@ def test_starting_points_and_the_params_constraint_reach_optuna_and_mlflow(sweep
 
 def test_leaderboard_ranks_trials_and_writes_files(sweep):
     work, env, _, _ = sweep
-    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json"),
-                 "--include-infeasible"], env, work)
+    proc = nas_cli(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json"),
+                    "--include-infeasible"], env, work)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads((work / "lb.json").read_text())
     assert len(rows) == 2 and rows[0]["bleu"] >= rows[1]["bleu"]
     assert sorted(r["feasible"] for r in rows) == [False, True]  # the widest breaks the params_m budget
-    proc = _nas(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json")], env, work)
+    proc = nas_cli(["leaderboard", "--experiment", "e2e", "--format", "json", "--out", str(work / "lb.json")], env,
+                   work)
     assert proc.returncode == 0 and "feasible trials only" in proc.stdout, proc.stderr
     assert [r["feasible"] for r in json.loads((work / "lb.json").read_text())] == [True]
-    proc = _nas(["leaderboard", "--experiment", "e2e", "--metric", "latency_ms", "--top", "1"], env, work)
+    proc = nas_cli(["leaderboard", "--experiment", "e2e", "--metric", "latency_ms", "--top", "1"], env, work)
     assert proc.returncode == 0 and "latency" in proc.stdout
-    proc = _nas(["leaderboard", "--experiment", "no-such-experiment"], env, work)
+    proc = nas_cli(["leaderboard", "--experiment", "no-such-experiment"], env, work)
     assert proc.returncode == 2 and "no-such-experiment" in proc.stderr
 
 
 def test_export_best_then_translate_in_a_fresh_process(sweep, multi30k):
     work, env, _, _ = sweep
-    proc = _nas(["export", "--best", "--experiment", "e2e", "--out", str(work / "exported")], env, work)
+    proc = nas_cli(["export", "--best", "--experiment", "e2e", "--out", str(work / "exported")], env, work)
     assert proc.returncode == 0, proc.stderr
     assert "meets its sweep's search.constraints" in proc.stdout  # the narrowest: the widest breaks the budget
     source = "\n".join(__import__("nas.data", fromlist=["read_lines"]).read_lines(
@@ -275,7 +276,8 @@ def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
 
 def test_export_onnx_from_the_leaderboard_translates_with_onnxruntime_only(sweep):
     work, env, _, _ = sweep
-    proc = _nas(["export", "--best", "--experiment", "e2e", "--out", str(work / "onnx_export"), "--onnx"], env, work)
+    proc = nas_cli(["export", "--best", "--experiment", "e2e", "--out", str(work / "onnx_export"), "--onnx"], env,
+                   work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "max |logit diff|" in proc.stdout
     assert {"encoder.onnx", "decoder_step.onnx", "translate_onnx.py", "model.safetensors"} <= \

@@ -88,7 +88,11 @@ def connect(address: str | None) -> bool:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(address="local", num_cpus=os.cpu_count(), **kwargs)  # a new local Ray, never a stray running one
+        # a new local Ray, never a stray running one; every worker it starts drops the "SystemExit" Ray's SIGTERM
+        # handler raises where Python cannot (quiet_worker_exit), Ray's own actors too (Ray Train's controller and
+        # workers, before a trainable runs): one printed it after the leaderboard of tests/test_e2e.py's sweep
+        ray.init(address="local", num_cpus=os.cpu_count(),
+                 runtime_env={"worker_process_setup_hook": "nas.search.ray_session.quiet_worker_exit"}, **kwargs)
     return True
 
 

@@ -56,7 +56,7 @@ from nas.model.io import load_model
 from nas.model.supernet import extract
 from nas.search.retry import RETRY_ENV
 from nas.space import REDACTED
-from tests.conftest import SweepRecords, nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
+from tests.conftest import SweepRecords, nas_cli, nas_env, read_sweep, run_nas, sweep_with_supernet, tiny_spec_dict
 from tests.infra.conftest import RestartableMlflowServer, RestartablePostgres, stop_group
 
 pytestmark = pytest.mark.slow
@@ -392,7 +392,7 @@ def test_rerun_of_the_finished_sweep_adds_nothing_and_uploads_nothing_twice(back
 
 def test_status_counts_the_trials_in_postgres_and_on_the_server(backends_sweep):
     s = backends_sweep
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", str(s.cluster / "runs")], s.env, s.work)
+    status = nas_cli(["sweep", "--status", "tiny", "--workdir", str(s.cluster / "runs")], s.env, s.work)
     assert status.returncode == 0, status.stderr[-3000:]
     assert f"COMPLETE {TRIALS}" in status.stdout and f"FINISHED {TRIALS}; duplicates 0" in status.stdout
 
@@ -404,14 +404,14 @@ def test_report_finds_the_study_in_postgres_from_the_parent_runs_tags(backends_s
     sweep_id = json.loads((s.cluster / "runs" / "tiny" / "sweep.json").read_text())["sweep_id"]
     # The tag names the study's PostgreSQL database with its password masked (it came from ${NAS_DB_PASSWORD}):
     # the report finds that database there, not a journal file, and asks for the password rather than guess it.
-    masked = run_nas(["report", sweep_id, "--format", "md", "--out", str(s.work / "masked.md")], s.env, s.work)
+    masked = nas_cli(["report", sweep_id, "--format", "md", "--out", str(s.work / "masked.md")], s.env, s.work)
     assert masked.returncode == 0, masked.stderr[-3000:]
     said = " ".join(masked.stderr.split())
     assert f"postgresql+psycopg://{s.user}:{REDACTED}@{s.host_db} is redacted in MLflow" in said, said[-3000:]
     assert "journal" not in said, said[-3000:]
     # with the password (--storage), the study name still from the tags: the importances are computed
     out = s.work / "report.md"
-    report = run_nas(["report", sweep_id, "--format", "md", "--out", str(out), "--storage",
+    report = nas_cli(["report", sweep_id, "--format", "md", "--out", str(out), "--storage",
                       f"postgresql+psycopg://{s.user}:{SECRET}@{s.host_db}"], s.env, s.work)
     assert report.returncode == 0, report.stderr[-3000:]
     assert "not computed" not in report.stderr, report.stderr[-3000:]
@@ -420,7 +420,7 @@ def test_report_finds_the_study_in_postgres_from_the_parent_runs_tags(backends_s
 
 def test_leaderboard_reads_the_trials_through_the_server(backends_sweep):
     s = backends_sweep
-    board = run_nas(["leaderboard", "--experiment", EXPERIMENT, "--top", "2"], s.env, s.work)
+    board = nas_cli(["leaderboard", "--experiment", EXPERIMENT, "--top", "2"], s.env, s.work)
     assert board.returncode == 0 and board.stdout.count("enc[") == 2, board.stdout + board.stderr[-2000:]
 
 
@@ -433,7 +433,7 @@ def test_export_reads_the_supernet_through_the_server_when_the_sweep_folders_are
     try:
         laptop = tmp_path / "laptop"
         laptop.mkdir()
-        result = run_nas(["export", "--best", "--experiment", EXPERIMENT, "--out", "exported", "--onnx"], s.env,
+        result = nas_cli(["export", "--best", "--experiment", EXPERIMENT, "--out", "exported", "--onnx"], s.env,
                          cwd=laptop)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
         assert "read the supernet from MLflow run" in " ".join(result.stdout.split())

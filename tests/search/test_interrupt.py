@@ -36,8 +36,8 @@ from optuna.trial import TrialState
 
 from nas.space import load_spec
 from nas.space.space import SearchSpace
-from tests.conftest import (completed_trials, kill_driver, load_script, nas_env, read_sweep, run_nas, tiny_spec_dict,
-                            use_tiny_data)
+from tests.conftest import (completed_trials, kill_driver, load_script, nas_cli, nas_env, read_sweep, run_nas,
+                            tiny_spec_dict, use_tiny_data)
 
 TRIALS = 7
 """Level 2's trials. Ctrl-C after the first trial completes, SIGTERM after the next, the kill after Optuna's tell
@@ -222,7 +222,7 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
     assert done < len(told) < TRIALS, f"{len(told)} of {TRIALS} complete, {done} before: stopped too late to test it"
     assert "RUNNING" in {r.info.status for r in after_tell.trial_runs()}, "the kill should leave the told trial's " \
         "MLflow run RUNNING"
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
+    status = nas_cli(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
     assert status.returncode == 0, status.stderr[-3000:]
     assert "optuna" in status.stdout and "COMPLETE" in status.stdout and "RUNNING" in status.stdout
 
@@ -267,7 +267,7 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
         n = int(r.data.tags["nas.optuna_trial"])
         assert r.data.metrics["bleu"] == pytest.approx(optuna_values[n][0])  # Optuna and MLflow agree
 
-    status = run_nas(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
+    status = nas_cli(["sweep", "--status", "tiny", "--workdir", "runs"], env, tmp_path)
     assert f"COMPLETE {TRIALS}" in status.stdout and f"TERMINATED {TRIALS}" in status.stdout
     assert f"FINISHED {TRIALS}; duplicates 0" in status.stdout
     assert [line.split()[0] for line in kills_log.read_text().splitlines()] == [
@@ -308,7 +308,7 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
     assert tagged == {"mine": MINE, None: tagged[None]} and tagged[None] != MINE, tagged
     unnamed = [r.data.tags["nas.arch_summary"] for r in after.trial_runs() if r.data.tags.get("nas.point") is None]
     assert len(unnamed) == TRIALS - 1 and MINE not in unnamed, unnamed  # scored once, as the named point
-    board = run_nas(["leaderboard", "--experiment", "interrupt", "--include-infeasible"], {**env, "COLUMNS": "250"},
+    board = nas_cli(["leaderboard", "--experiment", "interrupt", "--include-infeasible"], {**env, "COLUMNS": "250"},
                     tmp_path)
     assert board.returncode == 0, board.stderr
     assert "point" in board.stdout and "mine" in board.stdout, board.stdout

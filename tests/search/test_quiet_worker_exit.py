@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import REPO
 
 SCRIPT = textwrap.dedent("""
@@ -67,3 +69,15 @@ def test_calling_it_again_keeps_one_wrapper(monkeypatch):
     first = sys.unraisablehook
     quiet_worker_exit()
     assert sys.unraisablehook is first and first is not sys.__unraisablehook__
+
+
+@pytest.mark.slow  # a local Ray start, 5-10 s
+def test_every_worker_of_a_local_ray_started_by_nas_has_the_hook():
+    """Not only the trainables that call it: a worker ``nas`` did not write (a plain Ray task here; Ray Train's
+    controller in a sweep) gets the hook from the cluster's ``worker_process_setup_hook``. Fails without it."""
+    code = ("import sys, ray\nfrom nas.search.ray_session import connect\nconnect(None)\n"
+            "probe = ray.remote(lambda: bool(getattr(sys.unraisablehook, 'nas_quiet_exit', False)))\n"
+            "print('hooked', ray.get(probe.remote()))\nray.shutdown()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hooked True" in done.stdout, done.stdout + done.stderr[-3000:]

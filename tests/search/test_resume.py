@@ -1,7 +1,7 @@
 """Resume: what a resume refuses, and the searcher's restore rules on a real Optuna journal with real Ray ``Trial``
-objects standing for a restored experiment. `nas sweep` SIGKILLed between Optuna's tell and the trial's MLflow run's
-end and as an MLflow write starts, then resumed (real Ray Tune, Optuna journal and MLflow SQLite in subprocesses): in
-``tests/search/test_interrupt.py::test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``,
+objects standing for a restored experiment. `nas sweep` SIGKILLed between Optuna's tell and the trial's MLflow
+run's end and as an MLflow write starts, then resumed (real Ray Tune, Optuna journal and MLflow SQLite in
+subprocesses): in ``tests/search/test_interrupt.py::test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time``,
 the same sweep's fifth and sixth stops.
 """
 
@@ -13,21 +13,20 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from tests.conftest import nas_env, run_nas, tiny_spec_dict
+from tests.conftest import nas_cli, nas_env, tiny_spec_dict
 
 
-@pytest.mark.slow
 def test_resume_of_an_unknown_sweep_and_changed_settings_exit_2(multi30k, tmp_path, monkeypatch):
     raw = tiny_spec_dict(multi30k, tmp_path)
     spec_file = tmp_path / "tiny.yaml"
     spec_file.write_text("# nas sweep tiny.yaml\n" + yaml.safe_dump(raw))
     env = nas_env(tmp_path)
-    proc = run_nas(["sweep", str(spec_file), "--resume", "tiny"], env, tmp_path)
+    proc = nas_cli(["sweep", str(spec_file), "--resume", "tiny"], env, tmp_path)
     assert proc.returncode == 2 and "no sweep named 'tiny' to resume" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "runs" / "tiny" / "sweep.json").exists()
-    proc = run_nas(["sweep", "--resume", "nope", "--workdir", "runs"], env, tmp_path)
+    proc = nas_cli(["sweep", "--resume", "nope", "--workdir", "runs"], env, tmp_path)
     assert proc.returncode == 2 and "no sweep named 'nope'" in proc.stderr
-    proc = run_nas(["sweep", "--status", "nope", "--workdir", "runs"], env, tmp_path)
+    proc = nas_cli(["sweep", "--status", "nope", "--workdir", "runs"], env, tmp_path)
     assert proc.returncode == 2 and "no sweep named 'nope'" in proc.stderr
 
     from nas.search.runner import _sweep_record, _write_record
