@@ -5,9 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, nas_env, read_sweep, run_nas
+from tests.conftest import REPO, nas_cli, nas_env, read_sweep, run_nas
 
-pytestmark = pytest.mark.slow
 
 YAML = REPO / "search_spaces" / "multi30k_en_de.yaml"
 
@@ -22,6 +21,7 @@ def _cut(work: Path) -> list[str]:
     return [arg for key, value in sets.items() for arg in ("--set", f"{key}={value}")]
 
 
+@pytest.mark.slow
 def test_the_full_size_yaml_runs_a_sweep_with_steps_and_trials_cut_by_overrides(multi30k, tmp_path):
     env = nas_env(tmp_path)
     result = run_nas(["sweep", str(YAML), *_cut(tmp_path)], env, cwd=REPO, timeout=1200)
@@ -40,11 +40,11 @@ def test_the_full_size_yaml_runs_a_sweep_with_steps_and_trials_cut_by_overrides(
 
 def test_a_bad_override_names_the_key_and_starts_nothing(tmp_path):
     env = nas_env(tmp_path)
-    result = run_nas(["sweep", str(YAML), "--set", f"workdir={tmp_path / 'runs'}", "--set", "train.step=2"], env,
-                     cwd=REPO, timeout=120)
+    result = nas_cli(["sweep", str(YAML), "--set", f"workdir={tmp_path / 'runs'}", "--set", "train.step=2"], env,
+                     cwd=REPO)
     assert result.returncode == 2
     message = " ".join(result.stderr.split())
     assert "(with --set" in message and "train.step: unknown key (did you mean 'steps'?)" in message
-    result = run_nas(["sweep", str(YAML), "--set", "train.steps"], env, cwd=REPO, timeout=120)
+    result = nas_cli(["sweep", str(YAML), "--set", "train.steps"], env, cwd=REPO)
     assert result.returncode == 2 and "expected KEY.PATH=VALUE" in result.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
