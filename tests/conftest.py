@@ -350,7 +350,6 @@ def nas_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.Compl
 
 def run_nas(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 900):
     """``python -m nas.cli ARGS`` in a subprocess; returns the CompletedProcess (text, captured)."""
-    import subprocess
     import sys
 
     return subprocess.run([sys.executable, "-m", "nas.cli", *args], capture_output=True, text=True, env=env, cwd=cwd,
