@@ -26,7 +26,7 @@ def test_the_spec_keeps_the_effective_yaml_which_loads_back_to_the_same_spec(tmp
     assert copy.read_text().startswith(f"# {YAML} with --set train.steps=2 --set search.trials=3\n")
     assert load_spec(copy, check_files=False).model_dump() == spec.model_dump()
     plain = load_spec(YAML, check_files=False)
-    assert plain.yaml_text(YAML) == YAML.read_text() and plain.train.steps == 400
+    assert plain.yaml_text(YAML) == YAML.read_text() and plain.train.steps == 440
 
 
 @pytest.mark.parametrize("item, message", [
