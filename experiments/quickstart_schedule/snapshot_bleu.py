@@ -44,7 +44,7 @@ def main() -> None:
     spec = load_spec(args.spec, overrides=args.set)
     space = build_space(spec)
     model = load_supernet(str(args.supernet))
-    data = PreparedData.open(args.data)
+    valid = ValidationSet.load(PreparedData.open(args.data))  # read once, scored at every snapshot
     done = set()
     if args.out.is_file():
         done = {json.loads(line)["step"] for line in args.out.read_text().splitlines() if line.strip()}
@@ -54,7 +54,7 @@ def main() -> None:
             continue
         model.load_state_dict(load_file(str(path)))
         start = time.perf_counter()
-        scores = _reference_scores(model, ValidationSet.load(data), space, spec.train.eval_beam_size)
+        scores = _reference_scores(model, valid, space, spec.train.eval_beam_size)
         row = {"step": step, **{k: round(v, 2) for k, v in scores.items()}, "seconds": round(time.perf_counter() - start, 1)}
         print(json.dumps(row), flush=True)
         with args.out.open("a", encoding="utf-8") as f:
