@@ -1,7 +1,8 @@
 """The README's and the docs' ``nas ...`` command lines and ``import nas`` Python blocks, run as written on a tiny
 sweep (issue 30 item 8, issue 40).
 
-Every fenced ``nas`` line runs in a shell (its quotes and redirections kept), and every fenced Python block that
+Every fenced ``nas`` line runs in a shell (its quotes and redirections kept; a ``leaderboard``, ``export`` or
+``report`` line without shell syntax in this process, with the words the shell would pass), and every fenced Python block that
 imports ``nas`` runs whole in ``python -c`` (a block whose code, comments aside, was run already is not run again),
 in page order, in one folder that holds ``search_spaces/quickstart.yaml`` (a tiny sweep named ``quickstart`` on a
 Multi30k slice, with a trained supernet in place, whose first trial is the narrowest arch, the latency reference) and
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import nas_env, sweep_with_supernet, tiny_spec_dict
+from tests.conftest import nas_cli, nas_env, sweep_with_supernet, tiny_spec_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -145,6 +146,14 @@ def test_readme_python_sweep_is_a_new_sweep_not_the_quickstart_s():
                 "\"name\" to its overrides")
 
 
+def test_only_lines_without_shell_syntax_run_in_process():
+    assert not needs_shell("nas leaderboard --where 'latency_ratio<=1.25' --pareto --plot front.png")
+    assert not needs_shell('nas export --run-id abc --out "exported/a b"')
+    assert needs_shell("nas translate exported/quickstart < source.en > hypotheses.de")
+    assert needs_shell("nas leaderboard --experiment $EXP") and needs_shell("nas leaderboard | head")
+    assert shlex.split("nas leaderboard --where 'latency_ratio<=1.25'")[3] == "latency_ratio<=1.25"
+
+
 def test_every_cluster_or_docker_command_is_marked_skip():
     for page, mode, line, _ in commands():
         text = (ROOT / page).read_text(encoding="utf-8")
@@ -153,7 +162,31 @@ def test_every_cluster_or_docker_command_is_marked_skip():
             assert mode == "skip", f"{page}: `{line}` is in a cluster/docker/GPU block without a docs-test: skip marker"
 
 
+IN_PROCESS = ("leaderboard", "export", "report")
+"""Commands that only read and write files and stores: a line of one of them without shell syntax runs in this
+process (:func:`tests.conftest.nas_cli`, the same typer app), not in a ``python -m nas.cli`` that spends 3-5 s on
+its imports."""
+SHELL_SYNTAX = set("<>|&;$`*?~(){}")
+
+
+def needs_shell(line: str) -> bool:
+    """Whether ``line`` uses shell syntax outside its quotes (a redirection, a pipe, a variable, a glob): such a
+    line runs in bash, as a reader's shell would run it."""
+    quote = None
+    for ch in line:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in SHELL_SYNTAX:
+            return True
+    return False
+
+
 def _shell(line: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    words = shlex.split(line)
+    if words[1] in IN_PROCESS and not needs_shell(line):  # the same words bash would pass
+        return nas_cli(words[1:], env, cwd)
     command = f"{shlex.quote(sys.executable)} -m nas.cli {line[len('nas '):]}"
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
