@@ -39,14 +39,11 @@ GENERATION = "NSGAIISampler:generation"
 
 
 def hypervolume(points: list[tuple[float, float]], ref: tuple[float, float]) -> float:
-    """2-D hypervolume of ``points`` (both coordinates minimised) dominated within ``ref``."""
-    inside = sorted(p for p in points if p[0] < ref[0] and p[1] < ref[1])
-    volume, best_y = 0.0, ref[1]
-    for x, y in inside:  # by x ascending; each point adds the strip under the best y so far
-        if y < best_y:
-            volume += (ref[0] - x) * (best_y - y)
-            best_y = y
-    return volume
+    """2-D hypervolume of ``points`` (both coordinates minimised) dominated within ``ref``: the first coordinate
+    negated for :func:`experiments.search_value.hypervolume` (BLEU maximised, latency minimised)."""
+    from experiments.search_value import hypervolume as bleu_latency_hypervolume
+
+    return bleu_latency_hypervolume([(-x, y) for x, y in points], ref_latency=ref[1], ref_bleu=-ref[0])
 
 
 def _level1(sweep_dir: Path):
