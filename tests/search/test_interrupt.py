@@ -10,7 +10,9 @@ between Optuna's tell and the trial's MLflow run's end, and as an MLflow write s
 duplicates and re-scores nothing (the bench's own audit). With it the user's named arch from a point file
 (``{file: baselines.yaml}``). A SIGKILL of the driver from outside, at no named point, is
 ``tests/infra/test_cluster.py``'s; a kill of a trial's Ray actor, ``tests/search/test_failures.py``'s; a kill inside
-data preparation, ``tests/data/test_encode.py``'s.
+data preparation, ``tests/data/test_encode.py``'s. Ctrl-C stops a driver that started its own local Ray (a laptop's
+sweep); the other runs of the sweep and this module's in-process Tune loops share one running cluster (``--address``),
+so the module starts two Ray clusters, not nine (issue 40: the suite's Ray starts).
 
 Before, Ray Tune caught SIGINT inside ``Tuner.fit``, printed its ``Tuner.restore(...)`` advice and returned
 as if the stage were done; SIGTERM reached Ray's C++ failure handler, which printed a stack trace and aborted
@@ -36,7 +38,7 @@ from optuna.trial import TrialState
 
 from nas.space import load_spec
 from nas.space.space import SearchSpace
-from tests.conftest import (completed_trials, kill_driver, load_script, nas_cli, nas_env, read_sweep, run_nas,
+from tests.conftest import (REPO, completed_trials, kill_driver, load_script, nas_cli, nas_env, read_sweep, run_nas,
                             tiny_spec_dict, use_tiny_data)
 
 TRIALS = 7
@@ -50,7 +52,18 @@ MINE = "enc[16/32] dec[32/32 16/32]"
 """The user's own arch, named ``mine`` in a point file beside the sweep YAML."""
 
 
+def _on_cluster(env: dict) -> dict:
+    """``env`` for a driver joining a running cluster (``--address``): the armed ``NAS_TEST_*`` variables reach its
+    Ray workers in the job's ``runtime_env`` (``RAY_JOB_CONFIG_JSON_ENV_VAR``, as ``ray job submit`` passes it),
+    since a cluster's workers inherit the cluster's environment, not the driver's."""
+    armed = {k: v for k, v in env.items() if k.startswith("NAS_TEST_")}
+    runtime_env = {"worker_process_setup_hook": "nas.search.ray_session.quiet_worker_exit", "env_vars": armed}
+    return {**env, "RAY_JOB_CONFIG_JSON_ENV_VAR": json.dumps({"runtime_env": runtime_env})}
+
+
 def _start(args: list[str], env: dict, cwd: Path, name: str) -> tuple[subprocess.Popen, Path, Path]:
+    if "--address" in args:
+        env = _on_cluster(env)
     out_log, err_log = cwd / f"{name}.stdout.log", cwd / f"{name}.stderr.log"
     with open(out_log, "w") as out, open(err_log, "w") as err:  # files: a full pipe would stall the driver
         proc = subprocess.Popen([sys.executable, "-m", "nas.cli", *args], env=env, cwd=cwd, stdout=out, stderr=err,
@@ -130,9 +143,27 @@ def _left_nothing_running(spec_file: Path, env: dict, done_before: int) -> int:
     return done
 
 
+@pytest.fixture(scope="module")
+def ray_head():
+    """One running one-node Ray cluster for the module (what ``ray start --head`` leaves), its address: the sweep's
+    drivers join it (``--address``) and this process's Tune loops below connect to it (:func:`joined_ray`), so that
+    they share one Ray instead of starting one each. Four CPUs: each stopped loop's trial actor keeps its CPU until
+    its driver disconnects (a sweep disconnects after a stop), and the generations run two trials at a time."""
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(REPO))  # the cluster's workers import nas and this module (the Tune loops)
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4})
+        try:
+            yield cluster.address
+        finally:
+            cluster.shutdown()
+
+
 @pytest.mark.slow
 def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resumes_each_time(multi30k, tmp_path,
-                                                                                              tiny_data, monkeypatch):
+                                                                                              tiny_data, monkeypatch,
+                                                                                              ray_head):
     """One two-level sweep (``search.method: evolution``; level 2 2 trials at a time), stopped six times and resumed
     after each:
 
@@ -155,7 +186,10 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
        it as its first trial whatever level 1 finds, tagged ``nas.point`` in MLflow, and the leaderboard names it;
        the resumes read it from the sweep's saved YAML.
 
-    (One sweep for all: the stop and the resume do not depend on which run of a sweep is stopped.)"""
+    (One sweep for all: the stop and the resume do not depend on which run of a sweep is stopped.) Ctrl-C stops a
+    driver that started its own local Ray (the laptop's way: the signal reaches Ray's processes too); the other six
+    runs join one running cluster (``--address``, the cluster user's way: a dead driver's Ray workers are ended by
+    the cluster), so the test starts two Ray clusters, not seven, and the sweep moves between the two."""
     (tmp_path / "baselines.yaml").write_text(f'mine: "{MINE}"\n', encoding="utf-8")
     raw = use_tiny_data(tiny_spec_dict(multi30k, tmp_path, **{
         "search": {"trials": TRIALS, "max_concurrent": 2, "beam_size": 2, "method": "evolution", "seed": 0,
@@ -171,17 +205,19 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
     env = nas_env(tmp_path)
     run_dir = tmp_path / "runs" / "tiny"
     kills_log = tmp_path / "kills.log"
-    resume = ["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")]
+    local_resume = ["sweep", "--resume", "tiny", "--workdir", str(tmp_path / "runs")]
+    resume = [*local_resume, "--address", ray_head]
 
     # 1. a kill inside the supernet's second checkpoint write (step 8 of 8), in the Ray worker that trains it
-    point, pid, stderr = _killed_at("checkpoint_write:2", ["sweep", str(spec_file)], env, tmp_path, kills_log,
-                                    "checkpoint")
+    point, pid, stderr = _killed_at("checkpoint_write:2", ["sweep", str(spec_file), "--address", ray_head], env,
+                                    tmp_path, kills_log, "checkpoint")
     assert point == "checkpoint_write" and f"pid={pid})" in stderr + (tmp_path / "checkpoint.stdout.log").read_text()
     assert not (run_dir / "supernet" / "metrics.json").exists(), "killed after the supernet was done"
 
     # 2. its rerun trains on from the checkpoint, finishes the supernet, then level 1 is killed after its second batch
-    kill_env = {**env, "NAS_TEST_KILL": "level1_batch:2", "NAS_TEST_KILL_LOG": str(kills_log)}
-    killed = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file)], env=kill_env, cwd=tmp_path,
+    kill_env = _on_cluster({**env, "NAS_TEST_KILL": "level1_batch:2", "NAS_TEST_KILL_LOG": str(kills_log)})
+    killed = subprocess.Popen([sys.executable, "-m", "nas.cli", "sweep", str(spec_file), "--address", ray_head],
+                              env=kill_env, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         killed_out, killed_err = killed.communicate(timeout=900)
@@ -205,7 +241,7 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
     assert len(batch_stamps) == 2, sorted(batch_stamps)  # two batches scored and told before the kill
 
     # 3. its resume finishes level 1, then Ctrl-C once a level-2 trial completed; SIGTERM on the next resume
-    rc, stdout, stderr = _stop_when_done(resume, env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
+    rc, stdout, stderr = _stop_when_done(local_resume, env, tmp_path, run_dir, 1, signal.SIGINT, "ctrl-c")
     _says_stopped_in_one_line(signal.SIGINT, rc, stdout, stderr)
     done = _left_nothing_running(spec_file, env, 0)
 
@@ -236,7 +272,8 @@ def test_kills_ctrl_c_and_sigterm_stop_the_sweep_in_turn_and_the_same_sweep_resu
     stamps = {n: p.stat().st_mtime_ns for n, p in results.items() if p.is_file()}
     assert len(stamps) >= len(told), (sorted(stamps), len(told))
 
-    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs"], env, tmp_path)  # no FILE: the saved copy
+    resumed = run_nas(["sweep", "--resume", "tiny", "--workdir", "runs", "--address", ray_head], _on_cluster(env),
+                      tmp_path)  # no FILE: the saved copy
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-6000:]
     assert "(resumed)" in resumed.stdout
     # runs the killed drivers left RUNNING (the parent run goes on): ended as KILLED on resume. A kill between two
@@ -342,20 +379,19 @@ class _SignalOnResult:
 
 
 @pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray cluster for both signals' Tune loops and the generations' test below (started once, shut down
-    after the module). Four CPUs: each stopped loop's trial actor keeps its CPU until the cluster shuts down (a sweep
-    shuts Ray down after a stop), and the generations run two trials at a time."""
+def joined_ray(ray_head):
+    """This process joined to the module's cluster (:func:`ray_head`) for both signals' Tune loops and the
+    generations' test below, disconnected after the module."""
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(address=ray_head, include_dashboard=False, logging_level="WARNING")
     yield
     ray.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_inside_it(sig, tmp_path, local_ray):
+def test_a_stop_signal_inside_a_tune_callback_is_raised_at_the_next_step_not_inside_it(sig, tmp_path, joined_ray):
     """The deferral itself, on a real Ray Tune loop: the signal lands inside a callback's write, which finishes;
     ``SweepStopped`` comes out of ``fit`` with the signal's number, and the previous handlers are back after."""
     from ray import tune
@@ -442,7 +478,7 @@ def _overlap(generation: list[dict]) -> bool:
 
 
 @pytest.mark.slow
-def test_generations_keep_their_two_workers_and_run_side_by_side_with_keep_idle_actors(tmp_path, local_ray):
+def test_generations_keep_their_two_workers_and_run_side_by_side_with_keep_idle_actors(tmp_path, joined_ray):
     """Level 1's barrier on a real Ray Tune loop. Ray Tune alone keeps one idle actor at a generation's end: the next
     generation starts a new worker process (a new pid: torch imported and the supernet loaded again) or runs its two
     trials one after the other. Inside ``keep_idle_actors(2)`` the same two processes score every generation, two
