@@ -1,0 +1,99 @@
+"""Our decoder's incremental step, eager against ``torch.compile`` (issue 41: a compiled step is the lever left at
+batch 1, where the eager step is bound by per-op dispatch).
+
+Run: ``python benchmarks/bench_compile_step.py [--yaml benchmarks/plain_transformer.yaml] [--threads 1] [--beam 4]
+[--sentences 8] [--steps 30] [--rounds 3] [--dynamic | --no-dynamic] [--no-grad]``
+
+The YAML's widest arch, freshly initialised (seed 0; fixed-length decoding does the same work whatever the weights),
+translates ``--sentences`` random sources of 12 tokens one at a time (batch 1) with beam search of exactly
+``--steps`` decoder steps (``min_len = max_len``, as ``bench_serving.py``'s fixed rows). Printed: the eager
+decoder's ms per sentence and per step (median of ``--rounds``), then the same with
+:meth:`nas.model.decode.IncrementalDecoder.step` wrapped in ``torch.compile`` (inductor): the first run's seconds
+(compilation), ms per step, the ratio to eager, and whether the tokens are the same. A compilation that fails is
+reported with its error's last line instead (exit 0: the failure is the measurement). ``--no-grad`` runs beam search
+under ``torch.no_grad`` instead of its ``torch.inference_mode``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--yaml", type=Path, default=REPO / "benchmarks" / "plain_transformer.yaml")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--sentences", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
+                        help="torch.compile(dynamic=...): the cache grows by one position a step")
+    parser.add_argument("--no-grad", action="store_true")
+    args = parser.parse_args(argv)
+
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from nas.builders import build_supernet
+    from nas.model import beam_search
+    from nas.model import decode
+    from nas.space import load_spec
+
+    spec = load_spec(args.yaml, check_files=False)
+    torch.manual_seed(0)
+    vocab = 6000
+    model = build_supernet(spec, vocab).eval()
+    gen = torch.Generator().manual_seed(1)
+    eos = torch.tensor([[3]])
+    sources = [torch.cat([torch.randint(4, vocab, (1, 12), generator=gen), eos], 1) for _ in range(args.sentences)]
+    search = torch.no_grad()(beam_search.__wrapped__) if args.no_grad else beam_search
+
+    def run() -> list[list[int]]:
+        return [search(model, s, beam_size=args.beam, max_len_a=0.0, max_len_b=args.steps, min_len=args.steps)[0]
+                for s in sources]
+
+    def timed() -> tuple[float, list[list[int]]]:
+        times, out = [], None
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            out = run()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times) / len(sources) * 1000, out
+
+    print(f"{args.yaml.name}: widest arch, vocabulary {vocab}, untrained; batch 1, beam {args.beam}, {args.steps} "
+          f"steps, {args.sentences} sentences, {args.threads} thread(s), torch {torch.__version__}", flush=True)
+    run()  # warm-up
+    eager_ms, eager_out = timed()
+    print(f"eager:    {eager_ms:8.1f} ms/sentence  {eager_ms / args.steps:6.2f} ms/step", flush=True)
+
+    step = decode.IncrementalDecoder.step
+    compiled = torch.compile(step, dynamic=args.dynamic)
+    decode.IncrementalDecoder.step = lambda self, tokens: compiled(self, tokens)
+    try:
+        start = time.perf_counter()
+        try:
+            run()
+        except Exception as e:  # the failure is the finding
+            last = [line for line in str(e).splitlines()  # not dynamo's "Set TORCHDYNAMO_VERBOSE=1 ..." advice
+                    if line.strip() and "TORCHDYNAMO" not in line and "TORCH_LOGS" not in line]
+            print(f"compiled: FAILED after {time.perf_counter() - start:.1f} s ({type(e).__name__}: "
+                  f"{last[-1] if last else ''})")
+            return
+        print(f"compiled: first run {time.perf_counter() - start:.1f} s (compilation)", flush=True)
+        comp_ms, comp_out = timed()
+        print(f"compiled: {comp_ms:8.1f} ms/sentence  {comp_ms / args.steps:6.2f} ms/step  "
+              f"{comp_ms / eager_ms:.2f}x eager; same tokens: {comp_out == eager_out}")
+    finally:
+        decode.IncrementalDecoder.step = step
+
+
+if __name__ == "__main__":
+    main()
