@@ -2,7 +2,7 @@
 batch 1, where the eager step is bound by per-op dispatch).
 
 Run: ``python benchmarks/bench_compile_step.py [--yaml benchmarks/plain_transformer.yaml] [--threads 1] [--beam 4]
-[--sentences 8] [--steps 30] [--rounds 3] [--dynamic | --no-dynamic] [--no-grad]``
+[--sentences 8] [--steps 30] [--rounds 3] [--dynamic | --no-dynamic] [--no-grad] [--past-present [--profile]]``
 
 The YAML's widest arch, freshly initialised (seed 0; fixed-length decoding does the same work whatever the weights),
 translates ``--sentences`` random sources of 12 tokens one at a time (batch 1) with beam search of exactly
@@ -12,6 +12,12 @@ decoder's ms per sentence and per step (median of ``--rounds``), then the same w
 (compilation), ms per step, the ratio to eager, and whether the tokens are the same. A compilation that fails is
 reported with its error's last line instead (exit 0: the failure is the measurement). ``--no-grad`` runs beam search
 under ``torch.no_grad`` instead of its ``torch.inference_mode``.
+
+``--past-present`` times :meth:`nas.model.supernet.SuperTransformer.decode_step` instead, the ONNX step's
+interface (the state in, the grown state out, nothing kept between calls): ``--steps`` greedy steps of 4 rows (one
+sentence's beams, never reordered: the step alone, without beam search's bookkeeping), eager against
+``torch.compile(dynamic=True)``, median of ``--rounds`` decodings of each, and the largest logit difference;
+``--profile`` adds the compiled step's top ``torch.profiler`` ops.
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile(dynamic=...): the cache grows by one position a step")
     parser.add_argument("--no-grad", action="store_true")
+    parser.add_argument("--past-present", action="store_true",
+                        help="time SuperTransformer.decode_step (state in, state out) instead")
+    parser.add_argument("--profile", action="store_true", help="with --past-present: the compiled step's top ops")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
@@ -55,6 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     eos = torch.tensor([[3]])
     sources = [torch.cat([torch.randint(4, vocab, (1, 12), generator=gen), eos], 1) for _ in range(args.sentences)]
     search = torch.no_grad()(beam_search.__wrapped__) if args.no_grad else beam_search
+    if args.past_present:
+        _past_present(model, sources[0].repeat(args.beam, 1), args)
+        return
 
     def run() -> list[list[int]]:
         return [search(model, s, beam_size=args.beam, max_len_a=0.0, max_len_b=args.steps, min_len=args.steps)[0]
@@ -93,6 +105,47 @@ def main(argv: list[str] | None = None) -> None:
               f"{comp_ms / eager_ms:.2f}x eager; same tokens: {comp_out == eager_out}")
     finally:
         decode.IncrementalDecoder.step = step
+
+
+def _past_present(model, src, args: argparse.Namespace) -> None:
+    """``--past-present``: eager against compiled ``decode_step`` on ``src [rows, s]`` (see the module docstring)."""
+    import torch
+
+    arch = model.check_arch(None)
+
+    def step(tokens, pos, memory, src_pad, cache_in):
+        cache = [{part: dict(tensors) for part, tensors in layer.items()} for layer in cache_in]
+        return model.decode_step(tokens, pos, memory, src_pad, arch, cache), cache
+
+    @torch.inference_mode()
+    def decode(fn) -> tuple[float, torch.Tensor]:
+        memory, src_pad = model.encode(src, arch)
+        logits, cache = step(torch.full((src.size(0), 1), 2), 0, memory, src_pad, [{} for _ in model.decoder])
+        out, start = [logits], time.perf_counter()  # step 0 eager: it fills the cross-attention keys/values
+        for pos in range(1, args.steps):
+            logits, cache = fn(logits.argmax(-1, keepdim=True), pos, memory, src_pad, cache)
+            out.append(logits)
+        return (time.perf_counter() - start) / (args.steps - 1) * 1000, torch.stack(out)
+
+    print(f"decode_step, {src.size(0)} rows, {args.steps} greedy steps, {args.threads} thread(s)", flush=True)
+    decode(step)
+    eager = [decode(step) for _ in range(args.rounds)]
+    eager_ms = statistics.median(ms for ms, _ in eager)
+    print(f"eager:    {eager_ms:6.2f} ms/step", flush=True)
+    compiled = torch.compile(step, dynamic=True)
+    start = time.perf_counter()
+    decode(compiled)
+    print(f"compiled: first decoding {time.perf_counter() - start:.1f} s (compilation)", flush=True)
+    runs = [decode(compiled) for _ in range(args.rounds)]
+    comp_ms = statistics.median(ms for ms, _ in runs)
+    diff = (runs[0][1] - eager[0][1]).abs().max().item()
+    print(f"compiled: {comp_ms:6.2f} ms/step  {comp_ms / eager_ms:.2f}x eager; largest logit difference {diff:.1e}")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decode(compiled)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 if __name__ == "__main__":
