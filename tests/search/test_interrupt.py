@@ -12,7 +12,7 @@ duplicates and re-scores nothing (the bench's own audit). With it the user's nam
 ``tests/infra/test_cluster.py``'s; a kill of a trial's Ray actor, ``tests/search/test_failures.py``'s; a kill inside
 data preparation, ``tests/data/test_encode.py``'s. Ctrl-C stops a driver that started its own local Ray (a laptop's
 sweep); the other runs of the sweep and this module's in-process Tune loops share one running cluster (``--address``),
-so the module starts two Ray clusters, not nine (issue 40: the suite's Ray starts).
+so the module starts two Ray clusters, not eight (issue 40: the suite's Ray starts).
 
 Before, Ray Tune caught SIGINT inside ``Tuner.fit``, printed its ``Tuner.restore(...)`` advice and returned
 as if the stage were done; SIGTERM reached Ray's C++ failure handler, which printed a stack trace and aborted
