@@ -14,8 +14,8 @@ reported with its error's last line instead (exit 0: the failure is the measurem
 under ``torch.no_grad`` instead of its ``torch.inference_mode``.
 
 ``--past-present`` times :meth:`nas.model.supernet.SuperTransformer.decode_step` instead, the ONNX step's
-interface (the state in, the grown state out, nothing kept between calls): ``--steps`` greedy steps of 4 rows (one
-sentence's beams, never reordered: the step alone, without beam search's bookkeeping), eager against
+interface (the state in, the grown state out, nothing kept between calls): ``--steps`` greedy steps of ``--beam``
+rows (one sentence's beams, never reordered: the step alone, without beam search's bookkeeping), eager against
 ``torch.compile(dynamic=True)``, median of ``--rounds`` decodings of each, and the largest logit difference;
 ``--profile`` adds the compiled step's top ``torch.profiler`` ops.
 """
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
     spec = load_spec(args.yaml, check_files=False)
     torch.manual_seed(0)
-    vocab = 6000
+    vocab = spec.data.tokenizer.vocab_size  # the size SentencePiece would train to
     model = build_supernet(spec, vocab).eval()
     gen = torch.Generator().manual_seed(1)
     eos = torch.tensor([[3]])
