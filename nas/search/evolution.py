@@ -15,9 +15,11 @@ whose latency budget is a hard filter on a predictor's latency, then trains the 
   ``subset_sentences`` validation sentences, inherited weights) and the predicted ``latency_ratio``; the
   YAML's constraints on predicted quantities (``latency_ms``, ``latency_ratio``) are set with
   ``Trial.set_constraint``, so infeasible candidates are dominated by every feasible one (NSGA-II's
-  constrained domination) rather than redrawn as in HAT. Genes have a fixed length, sized for the deepest
-  stack (HAT's encoding): a layer's genes past the chosen depth are inert. Candidates are scored
-  ``search.evolution.batch_size`` at a time inside Ray Tune trials (:func:`score_batch`), at most
+  constrained domination) rather than redrawn as in HAT. Unlike HAT, a latency bound is checked on the prediction
+  made worse by the predictor's cross-validated error (``search.evolution.latency_margin``,
+  :class:`GuardedConstraint`), so the archs kept near the budget are still under it when level 2 measures them.
+  Genes have a fixed length, sized for the deepest stack (HAT's encoding): a layer's genes past the chosen depth
+  are inert. Candidates are scored ``search.evolution.batch_size`` at a time inside Ray Tune trials (:func:`score_batch`), at most
   ``search.max_concurrent`` batches at once, so Ray's overhead is paid once a batch.
 - **Resume.** Every scored batch is stored (``<optuna number>.json`` under the sweep's ``trials`` folder,
   atomically) before it is reported; a driver that starts again tells Optuna the stored batches that it
@@ -47,8 +49,8 @@ from nas.space import SweepSpec
 from nas.space.space import DECODER_ONLY, ORDER, SearchSpace, param_label
 
 __all__ = ["LEVEL1_SUFFIX", "PREDICTED_METRICS", "gene_choices", "suggest_genes", "level1_directions", "nsga2_sampler",
-           "predicted_constraints", "select_level2", "nondominated_fronts", "crowding_distance", "feasible", "tell",
-           "fail", "recover", "front_size"]
+           "GuardedConstraint", "latency_margin", "predicted_constraints", "select_level2", "nondominated_fronts",
+           "crowding_distance", "feasible", "tell", "fail", "recover", "front_size"]
 
 LEVEL1_SUFFIX = "-level1"
 """Level 1's study is the sweep's study name plus this suffix, in the same storage."""
@@ -112,9 +114,61 @@ def nsga2_sampler(spec: SweepSpec, seed_offset: int = 0) -> optuna.samplers.NSGA
                                          seed=None if seed is None else seed + seed_offset)
 
 
-def predicted_constraints(spec: SweepSpec):
-    """The YAML's constraints that level 1 evaluates (on the predictor's ``latency_ms`` and ``latency_ratio``)."""
-    return [c for c in spec.search.parsed_constraints() if c.metric in PREDICTED_METRICS]
+class GuardedConstraint:
+    """A latency constraint checked on a prediction made pessimistic by ``margin`` (a fraction >= 0): an upper bound
+    (``<=``, ``<``) on ``value x (1 + margin)``, a lower bound on ``value x (1 - margin)``. Optuna stores it under the
+    plain constraint's :attr:`key` (so a study told before a margin existed resumes under the same keys); ``margin``
+    0 is the plain :class:`~nas.space.constraints.Constraint`.
+
+    Departs from HAT (Wang et al. 2020, sec. 3.4), which filters on the predicted latency itself: level 1 keeps the
+    candidates predicted fastest, so among those near the budget it keeps the under-predicted ones (a winner's
+    curse), and level 2 then measures about half of them over the budget."""
+
+    __slots__ = ("constraint", "margin")
+
+    def __init__(self, constraint, margin: float) -> None:
+        if not (math.isfinite(margin) and 0.0 <= margin < 1.0):
+            raise ValueError(f"latency margin {margin} must be a fraction in [0, 1)")
+        self.constraint, self.margin = constraint, float(margin)
+
+    @property
+    def metric(self) -> str:
+        return self.constraint.metric
+
+    @property
+    def key(self) -> str:
+        return self.constraint.key
+
+    def violation(self, value: float) -> float:
+        """Optuna's constraint value (``<= 0``: holds) of the guarded ``value``, in the metric's units."""
+        upper = self.constraint.op in ("<=", "<")
+        return self.constraint.violation(value * (1.0 + self.margin if upper else 1.0 - self.margin))
+
+    def __repr__(self) -> str:
+        return f"GuardedConstraint({self.key!r}, margin={self.margin:g})"
+
+
+def latency_margin(spec: SweepSpec, predictor: str | Path | None) -> float:
+    """Level 1's latency margin (a fraction): ``search.evolution.latency_margin`` when a number, else (``auto``) the
+    ``cv_mape`` (%) that :func:`nas.eval.latency.fit_predictor_file` saved in ``predictor``'s sidecar, over 100, capped
+    at 0.5; 0 without a predictor or for a predictor file without it (fitted before the margin existed)."""
+    margin = spec.search.evolution.latency_margin
+    if margin != "auto":
+        return float(margin)
+    if predictor is None:
+        return 0.0
+    try:
+        metrics = json.loads(Path(predictor).with_suffix(".json").read_text(encoding="utf-8")).get("metrics", {})
+    except (OSError, ValueError):
+        return 0.0
+    cv = metrics.get("cv_mape")
+    return min(0.5, float(cv) / 100.0) if isinstance(cv, (int, float)) and math.isfinite(cv) and cv > 0 else 0.0
+
+
+def predicted_constraints(spec: SweepSpec, margin: float = 0.0) -> list:
+    """The YAML's constraints that level 1 evaluates (on the predictor's ``latency_ms`` and ``latency_ratio``),
+    each guarded by ``margin`` (:class:`GuardedConstraint`; :func:`latency_margin` gives the sweep's)."""
+    return [GuardedConstraint(c, margin) for c in spec.search.parsed_constraints() if c.metric in PREDICTED_METRICS]
 
 
 # --------------------------------------------------------------------------- level-2 selection

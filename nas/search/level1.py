@@ -21,8 +21,8 @@ from nas import faults
 from nas.atomic import atomic_write_text
 from nas.search.ray_session import quiet_worker_exit
 from nas.search.evolution import (ATTR_ARCH, ATTR_LATENCY, LEVEL1_SUFFIX, fail, feasible, front_size, gene_choices,
-                                  level1_directions, nsga2_sampler, predicted_constraints, recover, select_level2,
-                                  suggest_genes, tell)
+                                  latency_margin, level1_directions, nsga2_sampler, predicted_constraints, recover,
+                                  select_level2, suggest_genes, tell)
 from nas.search.failures import SweepFailed
 from nas.search.searcher import StudyRef
 from nas.search.stop import fit
@@ -139,14 +139,15 @@ class Level1Search(Searcher):
     The study is the only state: nothing is pickled that a kill could make stale (see the module docstring).
     """
 
-    def __init__(self, spec: SweepSpec, ref: StudyRef, batch_dir: Path, on_generation=None) -> None:
+    def __init__(self, spec: SweepSpec, ref: StudyRef, batch_dir: Path, on_generation=None, margin: float = 0.0
+                 ) -> None:
         super().__init__(metric=None, mode=None)
         self.spec, self.ref, self.batch_dir = spec, ref, batch_dir
         self.space = build_space(spec)
         self.genes = gene_choices(self.space)
         ev = spec.search.evolution
         self.total, self.batch_size, self.population = ev.population * ev.generations, ev.batch_size, ev.population
-        self.constraints = predicted_constraints(spec)
+        self.constraints = predicted_constraints(spec, margin)
         self.on_generation = on_generation
         self._study: optuna.Study | None = None
         self._batches: dict[str, list[int]] = {}
@@ -317,9 +318,18 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     batch_dir = work / "batches"
     batch_dir.mkdir(parents=True, exist_ok=True)
     predictor = _ensure_predictor(spec, ctx, work, sweep_id)
+    margin = latency_margin(spec, predictor)  # from the persisted predictor: the same after a resume
+    if predicted_constraints(spec):
+        console.print(f"level 1: latency constraints checked on the predicted ratio x {1 + margin:.3f} (margin "
+                      f"{100 * margin:.1f}%, search.evolution.latency_margin: {spec.search.evolution.latency_margin})")
+        try:
+            from nas import tracking
+            tracking.log_metrics(parent, {"level1_latency_margin": margin})
+        except Exception as e:  # tracking is best effort here, as for the generations
+            console.print(f"[yellow]level 1: the latency margin not logged to MLflow ({type(e).__name__}: {e})")
     l1ref = level1_ref(ref)
     study = l1ref.load(level1_directions(spec))
-    told, failed = recover(study, batch_dir, predicted_constraints(spec))
+    told, failed = recover(study, batch_dir, predicted_constraints(spec, margin))
     if told or failed:
         console.print(f"level 1: resumed ({told} scored candidates told from their files, {failed} lost in the "
                       f"kill marked failed)")
@@ -333,7 +343,7 @@ def run_level1(spec: SweepSpec, ctx, ref: StudyRef, parent: str, sweep_id: str) 
     logged = _logged_generations(parent)  # a resumed level 1 logs each generation's table once
     on_generation = _log_generations(spec, parent, logged)
     if done < ev.population * ev.generations:
-        searcher = Level1Search(spec, l1ref, batch_dir, on_generation)
+        searcher = Level1Search(spec, l1ref, batch_dir, on_generation, margin)
         trainable = tune.with_resources(
             tune.with_parameters(score_batch, l1=Level1Context(ctx=ctx, predictor=predictor, batch_dir=batch_dir)),
             {"cpu": spec.search.cpu_per_trial, "gpu": spec.search.gpu_per_trial})
@@ -394,7 +404,8 @@ def _ensure_predictor(spec: SweepSpec, ctx, work: Path, sweep_id: str) -> Path:
     metrics = fit_predictor_file(json.loads(samples_file.read_text(encoding="utf-8")), spec, path)
     console.print(f"level 1: latency predictor fitted on {metrics.get('train_samples', 0):.0f} archs, held-out "
                   f"MAPE {metrics.get('mape', float('nan')):.1f}% (of a fit on "
-                  f"{metrics.get('heldout_fit_samples', 0):.0f} of them)")
+                  f"{metrics.get('heldout_fit_samples', 0):.0f} of them), 5-fold cross-validated MAPE "
+                  f"{metrics.get('cv_mape', float('nan')):.1f}% (bias {metrics.get('cv_bias', float('nan')):+.1f}%)")
     return path
 
 

@@ -31,7 +31,8 @@ What lives where (every public name is re-exported here; each module imports onl
 
 - :mod:`nas.eval.latency.timing`: the timing harness: :func:`measure_fixed_latency`, :func:`measure_latency`,
   :func:`trimmed_mean`, :func:`describe_device`, :data:`DEFAULT_WORKLOAD` and :func:`torch_threads`.
-- :mod:`nas.eval.latency.predictor`: :func:`arch_features`, :class:`LatencyPredictor`, :func:`fit_predictor_file`,
+- :mod:`nas.eval.latency.predictor`: :func:`arch_features`, :class:`LatencyPredictor`, :func:`cross_validate`,
+  :func:`fit_predictor_file`,
   :func:`check_drift`.
 - :mod:`nas.eval.latency.ratio`: :func:`measure_latency_ratio`, the one measurement, and :func:`latency_device`.
 - :mod:`nas.eval.latency.samples`: the predictor's dataset, :func:`collect_samples` and
@@ -43,7 +44,8 @@ The node-wide lock a measurement holds alone is :mod:`nas.eval.measure_lock`.
 
 from __future__ import annotations
 
-from nas.eval.latency.predictor import FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, fit_predictor_file
+from nas.eval.latency.predictor import (FEATURE_NAMES, LatencyPredictor, arch_features, check_drift, cross_validate,
+                                       fit_predictor_file)
 from nas.eval.latency.ratio import DEFAULT_ROUNDS, interleaved_timings, latency_device, measure_latency_ratio
 from nas.eval.latency.samples import REFERENCE_NAMES, collect_fixed_samples, collect_samples, resolve_reference
 from nas.eval.latency.timing import (DEFAULT_WORKLOAD, describe_device, measure_fixed_latency, measure_latency,
@@ -53,5 +55,6 @@ from nas.space.predictor_file import workload_of, workload_tag
 __all__ = ["FEATURE_NAMES", "DEFAULT_WORKLOAD", "DEFAULT_ROUNDS", "REFERENCE_NAMES", "arch_features",
            "measure_latency_ratio", "interleaved_timings", "latency_device",
            "measure_fixed_latency", "measure_latency", "trimmed_mean", "workload_of", "workload_tag",
-           "resolve_reference", "collect_samples", "collect_fixed_samples", "fit_predictor_file", "describe_device",
+           "resolve_reference", "collect_samples", "collect_fixed_samples", "cross_validate", "fit_predictor_file",
+           "describe_device",
            "LatencyPredictor", "check_drift"]

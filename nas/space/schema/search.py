@@ -100,6 +100,22 @@ class EvolutionSpec(StrictModel):
     ``search.latency_predictor``)."""
     batch_size: int = Field(25, ge=1)
     """Candidates a Ray Tune trial scores (Ray's overhead is paid once a batch)."""
+    latency_margin: Literal["auto"] | float = "auto"
+    """How much worse than predicted level 1 assumes each candidate's latency to be when it checks the latency
+    constraints (``latency_ratio``, ``latency_ms``): an upper bound is checked on ``predicted x (1 + margin)``, a lower
+    one on ``predicted x (1 - margin)``. ``auto``: the predictor's 5-fold cross-validated MAPE
+    (:func:`nas.eval.latency.cross_validate`, saved in its ``metrics``; 0 for a predictor file without it); a number
+    >= 0 (0.05: 5%) sets it; 0 checks the prediction itself, as HAT does. Level 1 keeps the candidates predicted
+    fastest, so it keeps the under-predicted ones; without a margin about half of the archs it keeps near the budget
+    are measured over it in level 2 (:func:`nas.search.evolution.predicted_constraints`)."""
+
+    @field_validator("latency_margin")
+    @classmethod
+    def _check_margin(cls, margin: str | float) -> str | float:
+        if margin != "auto" and not 0.0 <= margin < 1.0:
+            raise ValueError(f"latency_margin: {margin} is not a fraction in [0, 1) (0.05 is 5%) or 'auto' (the "
+                             f"latency predictor's cross-validated error)")
+        return margin
 
 
 class SearchSpec(StrictModel):
