@@ -231,6 +231,10 @@ def test_a_trial_s_line_shows_the_measured_ratio_and_level_1_s_prediction_beside
     assert _latency_text(measured) == "latency 1.12x the reference, 76.5 ms"
     predicted = {**measured, "latency_ratio_pred": 1.08, "latency_drift": 0.0357}
     assert _latency_text(predicted) == "latency 1.12x the reference (predicted 1.08x, 4% off), 76.5 ms"
+    spread = {**predicted, "latency_ratio_iqr": 0.021}
+    assert _latency_text(spread) == "latency 1.12x the reference (predicted 1.08x, 4% off; rounds' IQR 2%), 76.5 ms"
+    alone = {**measured, "latency_ratio_iqr": 0.1}
+    assert _latency_text(alone) == "latency 1.12x the reference (rounds' IQR 10%), 76.5 ms"
 
 
 @pytest.mark.filterwarnings("ignore:.*latency predictor drift")  # the fake timings are far from the prediction

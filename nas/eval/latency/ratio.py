@@ -100,7 +100,10 @@ def measure_latency_ratio(model: SuperTransformer, arch: Arch | None, reference_
 
     Returns:
         ``latency_ms`` (median of the candidate's runs, ms), ``latency_reference_ms`` (median of the reference's
-        runs, ms), ``latency_ratio`` (median of the per-round ratios; not the quotient of the two medians).
+        runs, ms), ``latency_ratio`` (median of the per-round ratios; not the quotient of the two medians) and
+        ``latency_ratio_iqr`` (the per-round ratios' interquartile range over their median, a fraction: how much the
+        rounds disagreed; 0 for one round). A trial prints it beside its ratio, so that a measured ratio far from
+        level 1's prediction can be told apart as a noisy measurement (a wide IQR) or a predictor error (a narrow one).
 
     Raises:
         ValueError: ``rounds`` or ``threads`` below 1, ``warmup`` below 0, the two models on different devices, or a
@@ -112,7 +115,8 @@ def measure_latency_ratio(model: SuperTransformer, arch: Arch | None, reference_
 
 
 def summarize_interleaved(cand_ms: list[float], ref_ms: list[float]) -> dict[str, float]:
-    """The figures of :func:`measure_latency_ratio` from its runs: ``cand_ms`` ``[n]`` (C_0..C_{n-1}) and ``ref_ms``
+    """The figures of :func:`measure_latency_ratio` from its runs (quartiles: :func:`statistics.quantiles`, inclusive
+    method): ``cand_ms`` ``[n]`` (C_0..C_{n-1}) and ``ref_ms``
     ``[n + 1]`` (R_0..R_n), milliseconds in the order they ran. A prefix of both (``cand_ms[:k]``,
     ``ref_ms[:k + 1]``) is a measurement of ``k`` rounds.
 
@@ -122,8 +126,10 @@ def summarize_interleaved(cand_ms: list[float], ref_ms: list[float]) -> dict[str
     if not cand_ms or len(ref_ms) != len(cand_ms) + 1:
         raise ValueError(f"{len(cand_ms)} candidate and {len(ref_ms)} reference runs; need n >= 1 and n + 1")
     ratios = [c / ((ref_ms[i] + ref_ms[i + 1]) / 2.0) for i, c in enumerate(cand_ms)]
+    median = statistics.median(ratios)
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else (median,) * 3
     return {"latency_ms": statistics.median(cand_ms), "latency_reference_ms": statistics.median(ref_ms),
-            "latency_ratio": statistics.median(ratios)}
+            "latency_ratio": median, "latency_ratio_iqr": (q3 - q1) / median}
 
 
 @torch.no_grad()

@@ -32,8 +32,27 @@ def test_the_ratio_is_the_median_of_each_run_over_the_mean_of_the_reference_runs
     assert got["latency_ratio"] == statistics.median(ratios) == 2.0
     assert got["latency_ms"] == 22.0 and got["latency_reference_ms"] == 10.0
     assert summarize_interleaved(cand[:1], ref[:2])["latency_ratio"] == 2.0  # a prefix is a 1-round measurement
+    assert summarize_interleaved(cand[:1], ref[:2])["latency_ratio_iqr"] == 0.0
     with pytest.raises(ValueError, match="3 candidate and 3 reference runs"):
         summarize_interleaved(cand, ref[:3])
+
+
+def test_the_spread_is_the_interquartile_range_of_the_round_ratios_over_their_median():
+    """Loop transcription: the per-round ratios sorted, quartiles by linear interpolation between order statistics
+    at positions (n - 1) / 4 and 3 (n - 1) / 4 (the inclusive method, numpy's default 'linear')."""
+    cand = [10.0, 12.0, 11.0, 30.0, 10.5]
+    ref = [10.0] * 6  # every reference run 10 ms: round i's ratio is cand[i] / 10
+    ratios = sorted(c / 10.0 for c in cand)  # [1.0, 1.05, 1.1, 1.2, 3.0]
+
+    def quantile(q):
+        pos = q * (len(ratios) - 1)
+        lo = int(pos)
+        return ratios[lo] + (pos - lo) * (ratios[min(lo + 1, len(ratios) - 1)] - ratios[lo])
+
+    got = summarize_interleaved(cand, ref)
+    assert got["latency_ratio"] == pytest.approx(1.1)
+    assert got["latency_ratio_iqr"] == pytest.approx((quantile(0.75) - quantile(0.25)) / 1.1)
+    assert got["latency_ratio_iqr"] == pytest.approx((1.2 - 1.05) / 1.1)  # one slow round (3.0x) does not widen it
 
 
 def test_runs_alternate_reference_first_and_last_after_warmup(monkeypatch):
