@@ -87,6 +87,10 @@ def latency_fit(file: Path = typer.Argument(..., help="Sweep YAML whose supernet
     out.print(f"held-out RMSE {m['rmse_ratio']:.3f} (latency ratio), MAPE {m['mape']:.1f}% "
               f"({int(m['holdout_samples'])} of {len(fit.samples)} held out; the saved predictor is fitted on all "
               f"{int(m['train_samples'])}); predictor: {fit.path}")
+    if "cv_mape" in m:
+        out.print(f"5-fold cross-validated MAPE {m['cv_mape']:.1f}% (bias {m['cv_bias']:+.1f}%): the margin level 1 "
+                  f"adds to a predicted ratio before checking it against a latency budget "
+                  f"(search.evolution.latency_margin: auto)", highlight=False)
 
 
 def fidelity(file: Path = typer.Argument(..., help="Sweep YAML whose supernet has been trained."),

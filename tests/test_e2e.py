@@ -264,6 +264,8 @@ def test_latency_fit_on_the_trained_supernet_reports_holdout_error(sweep):
     from nas.space.arch import Arch
 
     predictor = LatencyPredictor.load(work / "lat.safetensors")
+    cv = predictor.metrics["cv_mape"]  # level 1's margin: printed, and kept in the file for the sweep to read
+    assert f"5-fold cross-validated MAPE {cv:.1f}%" in " ".join(proc.stdout.split())
     samples = json.loads((work / "lat.samples.json").read_text())
     assert len(samples) >= 8 and all(s["latency_ms"] > 0 and s["latency_ratio"] > 0 for s in samples)
     assert predictor.predict(Arch.from_dict(samples[0]["arch"])) > 0
