@@ -11,7 +11,7 @@ artifacts are proxied to a folder. While ``nas.sweep`` runs:
 
 1. once a trial is COMPLETE in the study, the shared PostgreSQL server is stopped (``service postgresql stop``) for
    at least 8 s and until the sweep prints that it waits for the Optuna storage, then started again;
-2. once another trial is COMPLETE, the MLflow server's process group is stopped for 30 s, then started again on
+2. once another trial is COMPLETE, the MLflow server's process group is stopped for 10 s, then started again on
    the same port with the same store.
 
 The MLflow server's store is on a PostgreSQL server of the module's own (``own_postgres_url``), which the restart
@@ -77,8 +77,10 @@ MIN_PG_OUTAGE_S = 8.0
 """PostgreSQL stays down at least this long (seconds) ..."""
 MAX_PG_OUTAGE_S = 60.0
 """... and longer, up to this, until the sweep has met the outage (it printed the wait, or it exited)."""
-MLFLOW_OUTAGE_S = 30.0
-"""How long the MLflow server stays down (seconds)."""
+MLFLOW_OUTAGE_S = 10.0
+"""How long the MLflow server stays down (seconds): longer than MLflow's first HTTP retries (backoff factor 2), so a
+write in flight is retried across the outage. It was 30 s before issue 40: the sweep waited out the outage either
+way (the user jobs took 99 s with 30 s, 65 s with 10 s), and every assertion is the same."""
 WAITING = "waiting for the Optuna storage"
 SUPERNET_FILES = ("supernet.safetensors", "supernet.json", "sample_counts.json", "spm.model", "valid.parquet")
 
@@ -312,7 +314,7 @@ def test_sweep_waits_out_a_postgres_restart(backends_sweep):
     assert "OperationalError" not in s.log.split(WAITING, 1)[0], s.tail()  # no traceback before the wait
 
 
-def test_sweep_runs_through_a_30s_mlflow_server_outage(backends_sweep):
+def test_sweep_runs_through_an_mlflow_server_outage(backends_sweep):
     s = backends_sweep
     assert s.healthy_while_down is False, "the MLflow server was never stopped, or answered after its stop"
     assert s.running_at_mlflow_restart, "nas.sweep returned during the outage: it was not mid-sweep\n" + s.tail()
