@@ -59,7 +59,7 @@ class IncrementalDecoder:
         for layer, dims, cache, (mem, pad) in zip(self.layers, self.dims, self.caches, self.sources):
             x = layer.forward(x, mem, dims, pad, cache=cache)  # no hooks: skip Module.__call__
         self.pos = pos + tokens.size(1)
-        return model.output_logits(x[:, -1])  # [n, V]
+        return model.step_logits(x[:, -1])  # [n, V]
 
     def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
         """Continue from rows ``index [n']`` (beam search's surviving hypotheses); with ``sentences [n']``,
