@@ -32,7 +32,7 @@ def test_an_unknown_precision_names_the_choices():
 
 
 def test_the_cpu_answer_agrees_with_the_cpu_s_own_bf16_flags():
-    flags = set(open("/proc/cpuinfo").read().split()) if __import__("os").path.exists("/proc/cpuinfo") else None
+    flags = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else None
     if flags is None:
         pytest.skip("no /proc/cpuinfo to read the CPU's flags from")
     # ATEN_CPU_CAPABILITY=avx2 / ONEDNN_MAX_CPU_ISA=AVX2 (docs/quickstart.md's emulation of an AVX2-only CPU) hold
