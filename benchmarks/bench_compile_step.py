@@ -2,7 +2,8 @@
 batch 1, where the eager step is bound by per-op dispatch).
 
 Run: ``python benchmarks/bench_compile_step.py [--yaml benchmarks/plain_transformer.yaml] [--threads 1] [--beam 4]
-[--sentences 8] [--steps 30] [--rounds 3] [--dynamic | --no-dynamic] [--no-grad] [--past-present [--profile]]``
+[--sentences 8] [--steps 30] [--rounds 3] [--dynamic | --no-dynamic | --auto-dynamic] [--no-duck-shape] [--no-grad]
+[--past-present [--profile]]``
 
 The YAML's widest arch, freshly initialised (seed 0; fixed-length decoding does the same work whatever the weights),
 translates ``--sentences`` random sources of 12 tokens one at a time (batch 1) with beam search of exactly
@@ -11,7 +12,10 @@ decoder's ms per sentence and per step (median of ``--rounds``), then the same w
 :meth:`nas.model.decode.IncrementalDecoder.step` wrapped in ``torch.compile`` (inductor): the first run's seconds
 (compilation), ms per step, the ratio to eager, and whether the tokens are the same. A compilation that fails is
 reported with its error's last line instead (exit 0: the failure is the measurement). ``--no-grad`` runs beam search
-under ``torch.no_grad`` instead of its ``torch.inference_mode``.
+under ``torch.no_grad`` instead of its ``torch.inference_mode`` (and also prints the eager decoder under
+``torch.inference_mode``, the figure to beat). ``--auto-dynamic`` passes ``dynamic=None`` (static first, dynamic once a
+shape changes); ``--no-duck-shape`` gives sizes that happen to be equal (4 rows, 4 heads) their own symbols
+(``torch.fx.experimental._config.use_duck_shape``).
 
 ``--past-present`` times :meth:`nas.model.supernet.SuperTransformer.decode_step` instead, the ONNX step's
 interface (the state in, the grown state out, nothing kept between calls): ``--steps`` greedy steps of ``--beam``
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dynamic", action=argparse.BooleanOptionalAction, default=True,
                         help="torch.compile(dynamic=...): the cache grows by one position a step")
+    parser.add_argument("--auto-dynamic", action="store_true", help="torch.compile(dynamic=None)")
+    parser.add_argument("--no-duck-shape", action="store_true", help="equal sizes get their own symbols")
     parser.add_argument("--no-grad", action="store_true")
     parser.add_argument("--past-present", action="store_true",
                         help="time SuperTransformer.decode_step (state in, state out) instead")
@@ -85,9 +91,22 @@ def main(argv: list[str] | None = None) -> None:
     run()  # warm-up
     eager_ms, eager_out = timed()
     print(f"eager:    {eager_ms:8.1f} ms/sentence  {eager_ms / args.steps:6.2f} ms/step", flush=True)
+    if args.no_grad:  # the figure to beat: the eager decoder as beam_search runs it
+        search, no_grad_search = beam_search, search
+        run()
+        inference_ms, _ = timed()
+        search = no_grad_search
+        print(f"eager under torch.inference_mode: {inference_ms:8.1f} ms/sentence  {inference_ms / args.steps:6.2f} "
+              f"ms/step", flush=True)
+        eager_ms = inference_ms
 
+    if args.no_duck_shape:
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False
+    torch._dynamo.config.cache_size_limit = 64  # the default 8 gives up (eager) after 8 shapes of the rows
     step = decode.IncrementalDecoder.step
-    compiled = torch.compile(step, dynamic=args.dynamic)
+    compiled = torch.compile(step, dynamic=None if args.auto_dynamic else args.dynamic)
     decode.IncrementalDecoder.step = lambda self, tokens: compiled(self, tokens)
     try:
         start = time.perf_counter()
@@ -102,7 +121,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"compiled: first run {time.perf_counter() - start:.1f} s (compilation)", flush=True)
         comp_ms, comp_out = timed()
         print(f"compiled: {comp_ms:8.1f} ms/sentence  {comp_ms / args.steps:6.2f} ms/step  "
-              f"{comp_ms / eager_ms:.2f}x eager; same tokens: {comp_out == eager_out}")
+              f"{comp_ms / eager_ms:.2f}x eager{' (inference_mode)' if args.no_grad else ''}; same tokens: "
+              f"{comp_out == eager_out}")
     finally:
         decode.IncrementalDecoder.step = step
 
