@@ -231,10 +231,24 @@ def bucket_names(uri: str) -> list[str]:
     return sorted(i.base_name for i in fs.get_file_info(pyarrow.fs.FileSelector(path, allow_not_found=True)))
 
 
-def bucket_ray_trials(exp: str) -> list:
-    """The Ray Tune trials of the experiment at ``exp``, read from the bucket (none before its first state)."""
+def bucket_ray_trials(exp: str, attempts: int = 10) -> list:
+    """The Ray Tune trials of the experiment at ``exp``, read from the bucket (none before its first state).
+
+    A running sweep replaces its ``experiment_state-*.json`` while the tests poll it, and pyarrow reads an S3 object
+    in ranges after reading its size, so a read can return a cut-off state (``JSONDecodeError``: one run of
+    ``tests/infra/test_cluster.py`` failed so on 2026-12-04). Such a read is retried, 0.5 s apart, up to
+    ``attempts`` times; the last error is raised."""
+    import json
+
     from ray.tune import ExperimentAnalysis
 
-    if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in bucket_names(exp)):
-        return []
-    return ExperimentAnalysis(exp).trials
+    for attempt in range(attempts):
+        if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in bucket_names(exp)):
+            return []
+        try:
+            return ExperimentAnalysis(exp).trials
+        except json.JSONDecodeError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
 from nas.search.tune import ray_dir, restorable, run_config
 from nas.space import parse_spec
 from tests.conftest import tiny_spec_dict
-from tests.infra.conftest import bucket_fs, bucket_names
+from tests.infra.conftest import bucket_fs, bucket_names, bucket_ray_trials
 
 
 def test_experiment_uris_keep_the_query_last(multi30k, tmp_path):
@@ -58,3 +60,24 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_in_the_bucket(s3_stor
     assert not restorable(exp)
 
 
+
+
+def test_polling_a_ray_state_that_is_being_replaced_retries_until_it_reads_whole(tmp_path):
+    """A cut-off ``experiment_state-*.json`` (a read racing Ray's upload) is read again until whole, not raised: the
+    cluster test polls the bucket while the sweep writes it (a real ``ray.tune.ExperimentAnalysis`` on a local
+    folder, which pyarrow reads like the bucket)."""
+    import json
+    import threading
+
+    state = tmp_path / "experiment_state-2026-12-04_00-00-00.json"
+    whole = json.dumps({"trial_data": []})
+    state.write_text(whole[:7], encoding="utf-8")  # cut off mid-string, as the failing run read it
+    timer = threading.Timer(1.2, lambda: state.write_text(whole, encoding="utf-8"))
+    timer.start()
+    try:
+        assert bucket_ray_trials(str(tmp_path)) == []
+    finally:
+        timer.cancel()
+    state.write_text(whole[:7], encoding="utf-8")  # never whole: the decode error, after the attempts
+    with pytest.raises(json.JSONDecodeError):
+        bucket_ray_trials(str(tmp_path), attempts=2)
