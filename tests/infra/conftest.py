@@ -240,15 +240,17 @@ def bucket_ray_trials(exp: str, attempts: int = 10) -> list:
     ``attempts`` times; the last error is raised."""
     import json
 
+    for _ in range(attempts - 1):
+        try:
+            return _bucket_ray_trials_once(exp)
+        except json.JSONDecodeError:
+            time.sleep(0.5)
+    return _bucket_ray_trials_once(exp)
+
+
+def _bucket_ray_trials_once(exp: str) -> list:
     from ray.tune import ExperimentAnalysis
 
-    for attempt in range(attempts):
-        if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in bucket_names(exp)):
-            return []
-        try:
-            return ExperimentAnalysis(exp).trials
-        except json.JSONDecodeError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
+    if not any(n.startswith("experiment_state-") and n.endswith(".json") for n in bucket_names(exp)):
+        return []
+    return ExperimentAnalysis(exp).trials

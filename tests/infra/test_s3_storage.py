@@ -60,8 +60,6 @@ def test_ray_state_files_cut_short_by_a_kill_are_set_aside_in_the_bucket(s3_stor
     assert not restorable(exp)
 
 
-
-
 def test_polling_a_ray_state_that_is_being_replaced_retries_until_it_reads_whole(tmp_path):
     """A cut-off ``experiment_state-*.json`` (a read racing Ray's upload) is read again until whole, not raised: the
     cluster test polls the bucket while the sweep writes it (a real ``ray.tune.ExperimentAnalysis`` on a local
