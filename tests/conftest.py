@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ray_count import ENV as RAY_ENV
 from tests.ray_count import RayCounter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,7 +60,38 @@ def pytest_make_collect_report(
 _RAY_COUNTER = pytest.StashKey[RayCounter]()
 
 
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+"""The pytest-xdist worker this process is (``gw0``, ``gw1``, ...), or None in a serial run or xdist's controller.
+``scripts/test.sh`` runs the suite on 2 workers (``-n 2 --dist loadgroup``): a serial run kept one of 2 cores busy
+on average (103 of 200% over a whole run, 2026-12-04), since most of a sweep's time is process starts and waits."""
+POSTGRES_GROUP = "postgres-5432"
+"""The xdist group of every test that talks to the shared PostgreSQL server: the backends sweep restarts it, so no
+other test may use it meanwhile, and one group runs on one worker, one test after the other."""
+POSTGRES_MODULES = ("tests/infra/test_backends_sweep.py", "tests/test_backend_preflight.py")
+"""Modules that reach the shared server without a fixture that says so (a restart, a refused role)."""
+POSTGRES_FIXTURES = frozenset({"postgres_databases", "postgres_url", "restartable_postgres", "own_postgres_url"})
+
+
+def xdist_group(nodeid: str, fixturenames: list[str] | tuple[str, ...]) -> str:
+    """The xdist group of a test: :data:`POSTGRES_GROUP` for one that talks to the shared PostgreSQL server, else its
+    module, so that a module's tests (and its module-scoped fixtures, a sweep each in the slow modules) stay on one
+    worker and are built once."""
+    module = nodeid.split("::", 1)[0]
+    if module in POSTGRES_MODULES or POSTGRES_FIXTURES.intersection(fixturenames):
+        return POSTGRES_GROUP
+    return module
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, item.fixturenames)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if XDIST_WORKER and os.environ.get(RAY_ENV):  # the controller's folder, one subfolder a worker: Ray finds no
+        worker_root = Path(os.environ[RAY_ENV]) / XDIST_WORKER  # cluster of the other worker's (ray_current_cluster)
+        worker_root.mkdir(exist_ok=True)
+        os.environ[RAY_ENV] = str(worker_root)
     config.stash[_RAY_COUNTER] = RayCounter()  # sets RAY_TMPDIR before any test starts Ray
 
 
@@ -90,6 +122,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
             item.config.stash.setdefault(_SWEEPS_BY_TEST, {})[item.nodeid] = started
         if started and item.get_closest_marker("slow") is None:
             item.config.stash.setdefault(_UNMARKED_SWEEPS, []).append(item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In an xdist worker, hand the per-test notes to the controller, which prints them (:func:`pytest_testnodedown`)."""
+    config = session.config
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["nas_notes"] = {"sweeps": config.stash.get(_SWEEPS_BY_TEST, {}),
+                                            "unmarked": config.stash.get(_UNMARKED_SWEEPS, []),
+                                            "slow": config.stash.get(_SLOW_UNMARKED, {})}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """In xdist's controller: merge a worker's notes (:func:`pytest_sessionfinish`) into the controller's own."""
+    notes, stash = getattr(node, "workeroutput", {}).get("nas_notes"), node.config.stash
+    if notes:
+        stash.setdefault(_SWEEPS_BY_TEST, {}).update(notes["sweeps"])
+        stash.setdefault(_UNMARKED_SWEEPS, []).extend(notes["unmarked"])
+        stash.setdefault(_SLOW_UNMARKED, {}).update(notes["slow"])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path
 
 ENV = "RAY_TMPDIR"
 """The variable Ray reads for its temporary folder (``ray._common.utils.get_default_system_temp_dir``)."""
+XDIST_PREFIX = "gw"
+"""pytest-xdist's worker ids: ``gw0``, ``gw1``, ..."""
 
 
 @dataclass(frozen=True)
@@ -53,10 +55,11 @@ class RayCounter:
         self.before = set(self._sessions())
 
     def _sessions(self) -> list[Path]:
-        folder = self.root / "ray"
-        if not folder.is_dir():
-            return []
-        return [p for p in folder.glob("session_*") if p.is_dir() and not p.is_symlink()]  # not session_latest
+        """Ray's session folders under the root, and under its pytest-xdist workers' subfolders (``gw0/``, ...: each
+        worker points its Ray at one, ``tests/conftest.py``), so that xdist's controller counts both workers'."""
+        folders = [self.root / "ray", *self.root.glob(f"{XDIST_PREFIX}*/ray")]
+        return [p for folder in folders if folder.is_dir()
+                for p in folder.glob("session_*") if p.is_dir() and not p.is_symlink()]  # not session_latest
 
     def counts(self) -> RayCounts:
         sessions = [p for p in self._sessions() if p not in self.before]

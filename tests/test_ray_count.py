@@ -37,3 +37,15 @@ def test_without_ray_tmpdir_it_sets_its_own_folder_and_removes_it(monkeypatch):
     assert counter.counts().sweeps == 1
     counter.close()
     assert not root.exists()
+
+
+def test_counts_the_sessions_of_the_xdist_workers_subfolders_too(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, str(tmp_path))  # the controller's folder; each worker's Ray writes under gwN/
+    counter = RayCounter()
+    _session(tmp_path / "gw0", "session_a_1", 2)
+    _session(tmp_path / "gw1", "session_b_2", 0)
+    _session(tmp_path / "other", "session_c_3", 1)  # not a worker's folder
+    counts = counter.counts()
+    assert (counts.starts, counts.sweeps, counts.experiments) == (2, 1, 2)
+    assert counter.sessions_with_tune() == {tmp_path / "gw0" / "ray" / "session_a_1"}
+    counter.close()
