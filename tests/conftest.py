@@ -62,29 +62,60 @@ _RAY_COUNTER = pytest.StashKey[RayCounter]()
 
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 """The pytest-xdist worker this process is (``gw0``, ``gw1``, ...), or None in a serial run or xdist's controller.
-``scripts/test.sh`` runs the suite on 2 workers (``-n 2 --dist loadgroup``): a serial run kept one of 2 cores busy
-on average (103 of 200% over a whole run, 2026-12-04), since most of a sweep's time is process starts and waits."""
+``scripts/test.sh`` runs the suite on 2 workers (``-n 2 --dist loadgroup``, scheduled by :func:`xdist_group`): a
+serial run kept one of 2 cores busy on average (103 of 200% over a whole run, 2026-12-04), since much of a sweep's
+time is process starts, imports and waits."""
 POSTGRES_GROUP = "postgres-5432"
-"""The xdist group of every test that talks to the shared PostgreSQL server: the backends sweep restarts it, so no
+"""The xdist group of the modules that talk to the shared PostgreSQL server: the backends sweep restarts it, so no
 other test may use it meanwhile, and one group runs on one worker, one test after the other."""
-POSTGRES_MODULES = ("tests/infra/test_backends_sweep.py", "tests/test_backend_preflight.py")
-"""Modules that reach the shared server without a fixture that says so (a restart, a refused role)."""
-POSTGRES_FIXTURES = frozenset({"postgres_databases", "postgres_url", "restartable_postgres", "own_postgres_url"})
+POSTGRES_MODULES = ("tests/infra/test_backends_sweep.py", "tests/test_backend_preflight.py", "tests/test_bad_input.py")
+"""The modules with a test that reaches the shared server: the restart, a refused role, ``postgres_url``."""
+SLOW_FIRST = (POSTGRES_GROUP, "tests/search/test_interrupt.py", "tests/test_docs_run.py", "tests/search/test_failures.py",
+              "tests/test_e2e.py", "tests/search/test_finetune.py", "tests/search/test_full_size_yaml.py",
+              "tests/infra/test_cluster.py", "tests/search/test_ddp.py", "tests/export/test_onnx.py")
+"""Groups handed out first, slowest first (90-40 s each, 2026-12-04), so that no long one is left for the end while
+the other worker idles. Only an order: a group missing here is scheduled after these, by its number of tests."""
 
 
-def xdist_group(nodeid: str, fixturenames: list[str] | tuple[str, ...]) -> str:
-    """The xdist group of a test: :data:`POSTGRES_GROUP` for one that talks to the shared PostgreSQL server, else its
-    module, so that a module's tests (and its module-scoped fixtures, a sweep each in the slow modules) stay on one
-    worker and are built once."""
-    module = nodeid.split("::", 1)[0]
-    if module in POSTGRES_MODULES or POSTGRES_FIXTURES.intersection(fixturenames):
-        return POSTGRES_GROUP
-    return module
+def xdist_group(nodeid: str) -> str:
+    """The xdist group of a test: :data:`POSTGRES_GROUP` for the modules that talk to the shared PostgreSQL server,
+    else its module, so that a module's tests, and its module-scoped fixtures (a sweep each in the slow modules),
+    stay on one worker and are built once.
+
+    xdist's own ``xdist_group`` marks are not used: with pytest 9.2, xdist 3.8's ``loadgroup`` writes the group into
+    a node id field pytest no longer reads, and groups nothing (pytest-dev/pytest-xdist#1386), so
+    :func:`pytest_xdist_make_scheduler` schedules by this function instead."""
+    module = nodeid.split("::", 1)[0].split("@", 1)[0]
+    return POSTGRES_GROUP if module in POSTGRES_MODULES else module
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid, item.fixturenames)))
+def group_order(groups: dict[str, int]) -> list[str]:
+    """The groups (name: number of tests) in the order they are handed out: :data:`SLOW_FIRST`'s, then the others by
+    number of tests, most first (xdist's own order for ``loadscope``)."""
+    slow = [g for g in SLOW_FIRST if g in groups]
+    return slow + sorted((g for g in groups if g not in SLOW_FIRST), key=lambda g: -groups[g])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup``: xdist's ``loadscope`` scheduling with :func:`xdist_group` as the scope and
+    :func:`group_order` as the order. Other ``--dist`` modes keep xdist's own schedulers."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            if not getattr(self, "ordered", False):  # the first call: the work queue is whole, nothing handed out
+                for group in reversed(group_order({g: len(ids) for g, ids in self.workqueue.items()})):
+                    self.workqueue.move_to_end(group, last=False)
+                self.ordered = True
+            super()._assign_work_unit(node)
+
+    return GroupScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
