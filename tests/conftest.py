@@ -125,7 +125,12 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[RAY_ENV] = str(worker_root)
     config.stash[_RAY_COUNTER] = RayCounter()  # sets RAY_TMPDIR before any test starts Ray
     if XDIST_WORKER:  # 2 workers of 2 intra-op threads each on 2 cores: in-process training ran 3-5x as long
-        import torch  # (10.7 s -> 53.3 s for test_trainer's unified-space steps, 2026-12-04), 1 thread each
+        # (10.7 s -> 53.3 s for test_trainer's unified-space steps, 2026-12-04): 1 thread in each worker, and in the
+        # `nas` subprocesses it starts, so that a run in the test's process and one in a subprocess sum in the same
+        # order (the kill-and-resume tests compare their weights to 1e-6)
+        os.environ["OMP_NUM_THREADS"] = "1"
+        import torch
+
         torch.set_num_threads(1)
 
 
