@@ -34,11 +34,12 @@ def test_the_slowest_groups_come_first_then_the_others_by_size():
 
 @pytest.mark.slow
 def test_on_two_workers_each_module_runs_whole_on_one_of_them():
-    """Two fast modules (some 30 tests each) on 2 workers: each module's tests ran on one worker, not spread over
-    both as with xdist's own ``loadgroup`` under pytest 9.2."""
+    """Three fast modules on 2 workers: each module's tests ran on one worker, not spread over both as with xdist's
+    own ``loadgroup`` under pytest 9.2. The inner run gets the environment of a plain run, not this worker's."""
     modules = ["tests/test_redact.py", "tests/test_ray_count.py", "tests/space/test_env_interpolation.py"]
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p",
-                           "no:cacheprovider", *modules], cwd=REPO, capture_output=True, text=True, timeout=300)
+                           "no:cacheprovider", *modules], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     workers: dict[str, set[str]] = {}
     for worker, nodeid in re.findall(r"^\[(gw\d+)\] \[\s*\d+%\] PASSED (\S+)", done.stdout, re.M):
