@@ -56,7 +56,8 @@ def source_batches(ids: list[list[int]], todo: list[int], max_tokens: int | None
 @torch.no_grad()
 def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str], arch: Arch | None = None, *,
               beam_size: int = 4, len_penalty: float = 1.0, batch_size: int = 64, max_tokens: int | None = None,
-              on_batch: Callable[[int, int], None] | None = None) -> list[str]:
+              on_batch: Callable[[int, int], None] | None = None,
+              search: Callable[[torch.Tensor], list[list[int]]] | None = None) -> list[str]:
     """Translate raw sentences with beam search (``beam_size`` beams, hypotheses ranked by
     ``sum log p / len**len_penalty``, :func:`~nas.model.decode.beam_search`); returns detokenized strings in input
     order.
@@ -65,7 +66,8 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
     ``max_tokens``, up to that many padded source tokens (:func:`length_batches`). An empty (or blank)
     sentence translates to an empty string without being decoded. ``on_batch(sentences, target_tokens)`` is
     called after each batch (a progress bar, a throughput count; target tokens are SentencePiece pieces,
-    EOS not counted).
+    EOS not counted). ``search(src [b, s]) -> ids`` replaces the model's beam search (the AOT-compiled decoder of
+    :class:`nas.export.aot.AotTranslator`).
     """
     model.eval()
     ids = encode_sources(tokenizer, sentences, model.max_positions // 2)
@@ -75,7 +77,10 @@ def translate(model: SuperTransformer, tokenizer: Tokenizer, sentences: list[str
         on_batch(len(ids) - len(todo), 0)
     device = next(model.parameters()).device
     for chunk, src in source_batches(ids, todo, max_tokens, batch_size):
-        hyps = beam_search(model, src.to(device), arch, beam_size=beam_size, len_penalty=len_penalty)
+        if search is not None:
+            hyps = search(src.to(device))
+        else:
+            hyps = beam_search(model, src.to(device), arch, beam_size=beam_size, len_penalty=len_penalty)
         for i, hyp in zip(chunk, hyps):
             out[i] = hyp
         if on_batch is not None:

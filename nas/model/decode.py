@@ -8,7 +8,7 @@ from nas.model.kv_cache import LayerCache
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["beam_search", "IncrementalDecoder"]
+__all__ = ["beam_search", "beam_candidates", "IncrementalDecoder"]
 
 
 class IncrementalDecoder:
@@ -73,6 +73,33 @@ class IncrementalDecoder:
             self.sources = self.model.cross_sources(self.memory, self.src_pad, self.arch)
 
 
+def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False
+                    ) -> tuple[torch.Tensor, ...]:
+    """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
+    then the ``k`` best of those that do not end in EOS.
+
+    The tensor part of :func:`beam_search`'s step, shared with the AOT-compiled step of
+    :mod:`nas.export.aot`, which runs it inside its graph: both engines rank candidates with the same code.
+
+    Args:
+        lprobs: ``[n, k, V]`` log-probabilities of the next token (banned tokens already ``-inf``).
+        scores: ``[n, k]`` the hypotheses' summed log-probabilities so far.
+        eos_id: the EOS token id.
+        inplace: add ``scores`` into ``lprobs`` in place (eager decoding: no ``[n, k*V]`` allocation a step).
+    Returns:
+        ``top_scores, top_beam, top_tok, is_eos`` (each ``[n, 2k]``: the candidates' scores, their beams and
+        tokens, and which end in a finite-scored EOS), then ``cont_scores, next_beam, next_tok`` (each ``[n, k]``:
+        the ``k`` best non-EOS candidates, ``-inf`` where fewer are left).
+    """
+    n, k, vocab = lprobs.shape
+    cand = (lprobs.add_(scores[:, :, None]) if inplace else lprobs + scores[:, :, None]).view(n, k * vocab)
+    top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n, 2k]
+    top_beam, top_tok = top_idx // vocab, top_idx % vocab
+    is_eos = top_tok.eq(eos_id) & torch.isfinite(top_scores)
+    cont_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)  # [n, k]
+    return top_scores, top_beam, top_tok, is_eos, cont_scores, top_beam.gather(1, pick), top_tok.gather(1, pick)
+
+
 @torch.inference_mode()  # not only no_grad: no view or version tracking, ~10% faster cached decoding
 def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = None, *, beam_size: int = 4,
                 bos_id: int = 2, eos_id: int = 3, len_penalty: float = 1.0, max_len_a: float = 1.5,
@@ -103,33 +130,73 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
     """
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
-    bsz, k, vocab = src.size(0), beam_size, model.vocab_size
-    device = src.device
     memory, src_pad = model.encode(src, arch)
     src_len = (~src_pad).sum(1)  # [b]
     max_len = torch.clamp((src_len.float() * max_len_a + max_len_b).long(), max=model.max_positions - 1)  # [b]
-    rows = torch.arange(bsz, device=device).repeat_interleave(k)  # beam row -> sentence
+    rows = torch.arange(src.size(0), device=src.device).repeat_interleave(beam_size)  # beam row -> sentence
     memory, src_pad = memory.index_select(0, rows), src_pad.index_select(0, rows)  # [b*k, s, C]
-    decoder = IncrementalDecoder(model, memory, src_pad, arch, int(max_len.max()) + 1) if use_cache else None
+    stepper = _EagerStepper(model, memory, src_pad, arch, int(max_len.max()) + 1, use_cache)
+    return search(stepper, src.size(0), max_len.tolist(), beam_size=beam_size, vocab=model.vocab_size,
+                  pad_id=model.pad_id, bos_id=bos_id, eos_id=eos_id, len_penalty=len_penalty, min_len=min_len,
+                  return_scores=return_scores, device=src.device)
+
+
+class _EagerStepper:
+    """:func:`search`'s steps on the PyTorch model: :class:`IncrementalDecoder` (or, without the cache, the whole
+    prefix decoded again each step)."""
+
+    def __init__(self, model: SuperTransformer, memory: torch.Tensor, src_pad: torch.Tensor, arch: Arch | None,
+                 max_len: int, use_cache: bool) -> None:
+        self.model, self.arch, self.memory, self.src_pad = model, arch, memory, src_pad
+        self.decoder = IncrementalDecoder(model, memory, src_pad, arch, max_len) if use_cache else None
+
+    def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor
+             ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Prefixes ``tokens [n*k, 1 + step]``, ``scores [n, k]``, token ids ``banned`` -> the log-probabilities
+        ``[n, k, V]`` with ``banned`` at ``-inf``, and None (the candidates are left to :func:`search`)."""
+        if self.decoder is not None:
+            logits = self.decoder.step(tokens[:, -1:])  # [n*k, V]
+        else:
+            logits = self.model.decode(tokens, self.memory, self.src_pad, self.arch)[:, -1]
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), scores.size(1), -1)
+        return lprobs.index_fill_(2, banned, float("-inf")), None
+
+    def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
+        if self.decoder is not None:
+            self.decoder.reorder(src_rows, sent_rows)
+        elif sent_rows is not None:
+            self.memory, self.src_pad = self.memory.index_select(0, sent_rows), self.src_pad.index_select(0, sent_rows)
+
+
+def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int, pad_id: int, bos_id: int,
+           eos_id: int, len_penalty: float, min_len: int, return_scores: bool, device: torch.device | str
+           ) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+    """:func:`beam_search`'s search over any stepper (the eager model, or the AOT-compiled step of
+    :mod:`nas.export.aot`): fairseq's bookkeeping of finished hypotheses, length limits and reordering.
+
+    Args:
+        stepper: ``step(tokens [n*k, 1+t], scores [n, k], banned [m]) -> (lprobs [n, k, V], candidates or None)``,
+            ``candidates`` being :func:`beam_candidates` of ``lprobs`` and ``scores`` (a stepper may compute
+            them itself; they are recomputed here where a length limit forces EOS), and
+            ``reorder(src_rows [n'*k], sent_rows [n'*k] or None)``: continue from the hypotheses ``src_rows``,
+            and, with ``sent_rows``, drop the rows of finished sentences.
+        bsz: sentences; max_len: each sentence's length limit (decoder steps, EOS forced at it).
+        The rest as :func:`beam_search`.
+    """
+    k = beam_size
     tokens = torch.full((bsz * k, 1), bos_id, dtype=torch.long, device=device)  # [n, 1 + step]
     scores = torch.zeros(bsz, k, device=device)
     scores[:, 1:] = float("-inf")  # the first step expands beam 0 only
     active = torch.arange(bsz, device=device)  # sentence ids still decoding
-    max_len = max_len.tolist()
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
-    never = torch.tensor(sorted({model.pad_id, bos_id} - {eos_id}), device=device)
-    never_or_eos = torch.tensor(sorted({model.pad_id, bos_id, eos_id}), device=device)  # before min_len
+    never = torch.tensor(sorted({pad_id, bos_id} - {eos_id}), device=device)
+    never_or_eos = torch.tensor(sorted({pad_id, bos_id, eos_id}), device=device)  # before min_len
     beam_starts = torch.arange(0, bsz * k, k, device=device)[:, None]  # [b, 1]: sentence i's first row
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
-        if decoder is not None:
-            logits = decoder.step(tokens[:, -1:])  # [n_act*k, V]
-        else:
-            logits = model.decode(tokens, memory, src_pad, arch)[:, -1]
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(n_act, k, vocab)
         # PAD and BOS are never emitted; nor EOS before min_len (where the limit does not force it, below)
-        lprobs.index_fill_(2, never_or_eos if step + 1 < min_len else never, float("-inf"))
+        lprobs, cands = stepper.step(tokens, scores, never_or_eos if step + 1 < min_len else never)
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
         if any(at_limit_list):
@@ -137,10 +204,10 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
             forced = torch.full_like(lprobs[at_limit], float("-inf"))
             forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
             lprobs[at_limit] = forced
-        cand = lprobs.add_(scores[:, :, None]).view(n_act, k * vocab)  # in place: no [n, V] allocation a step
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n_act, 2k]
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
-        is_eos = top_tok.eq(eos_id) & torch.isfinite(top_scores)
+            cands = None
+        if cands is None:
+            cands = beam_candidates(lprobs, scores, eos_id, inplace=True)
+        top_scores, top_beam, top_tok, is_eos, cont_scores, next_beam, next_tok = cands
         # Finalize EOS candidates that rank among the first k (fairseq's rule).
         if bool(is_eos[:, :k].any()):
             norm = float(step + 1) ** len_penalty
@@ -150,9 +217,6 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
                     hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist()
                     finished[sid].append((float(top_scores[i, j]) / norm, hyp))
         # Continue with the k best non-EOS candidates.
-        cont_scores = top_scores.masked_fill(is_eos, float("-inf"))
-        cont_scores, pick = cont_scores.topk(k, dim=1)  # [n_act, k]
-        next_beam, next_tok = top_beam.gather(1, pick), top_tok.gather(1, pick)
         keep_list = [i for i, s in enumerate(active_ids) if len(finished[s]) < k and not at_limit_list[i]]
         if not keep_list:
             break
@@ -173,10 +237,7 @@ def beam_search(model: SuperTransformer, src: torch.Tensor, arch: Arch | None = 
             scores = cont_scores[keep]
             sent_rows = (keep[:, None] * k + torch.arange(k, device=device)).reshape(-1)
             active = active[keep]
-            if decoder is None:
-                memory, src_pad = memory.index_select(0, sent_rows), src_pad.index_select(0, sent_rows)
-        if decoder is not None:
-            decoder.reorder(src_rows, sent_rows)
+        stepper.reorder(src_rows, sent_rows)
         step += 1
     best = [max(hyps, key=lambda h: h[0]) for hyps in finished]
     hyps = [h[1] for h in best]
