@@ -357,7 +357,12 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
                   max_tokens: int = typer.Option(4096, "--max-tokens", min=1,
                                                  help="Batch the length-sorted sentences up to this many padded source tokens."),
                   threads: Optional[int] = typer.Option(None, "--threads", min=1,
-                                                        help="CPU threads for decoding (default: torch's).")) -> None:
+                                                        help="CPU threads for decoding (default: torch's)."),
+                  compiled: bool = typer.Option(False, "--compiled",
+                                                help="Decode with the beam-search step compiled ahead of time "
+                                                     "(AOTInductor, CPU): compiled once per model and beam size "
+                                                     "(15-35 s), cached in ~/.cache/nas/aot or $NAS_AOT_CACHE; "
+                                                     "faster at batch 1 (docs/benchmarks.md).")) -> None:
     """Translate source sentences (one a line, UTF-8) from stdin or --input to stdout or --output.
 
     Sentences are sorted by length and batched by --max-tokens, and the output keeps the input order. On a
@@ -393,7 +398,13 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
     with Progress(TextColumn("[bold]translate"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                   console=err, transient=True, disable=not err.is_terminal) as bar:
         task = bar.add_task("translate", total=len(lines))
-        done = translate_lines(model, lines, beam_size=beam_size, max_tokens=max_tokens, threads=threads,
+        engine = model
+        if compiled:
+            from nas.export.aot import AotTranslator, default_cache_dir
+
+            err.print(f"compiling the decoder unless {default_cache_dir()} holds it (AOTInductor)…", highlight=False)
+            engine = AotTranslator(model, beam_size)
+        done = translate_lines(engine, lines, beam_size=beam_size, max_tokens=max_tokens, threads=threads,
                                on_batch=lambda sentences, _: bar.advance(task, sentences))
     hyps, seconds, tokens = done.hypotheses, done.seconds, done.tokens
     text = "".join(h + "\n" for h in hyps)

@@ -51,7 +51,7 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
-from nas.export.onnx import _cache_layout, _cross_fn, _DecoderStepGraph, _run_cache, _sample_src
+from nas.export.onnx import _cache_layout, _cross_fn, _run_cache, _sample_src
 from nas.model.decode import beam_candidates, search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
@@ -63,29 +63,47 @@ _LEN_DEFAULTS = {"len_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 10}  # as na
 
 class _BeamStepGraph(nn.Module):
     """One beam-search step: the ONNX decoder step (:class:`nas.export.onnx._DecoderStepGraph`) on the state
-    gathered by ``rows``, then log-softmax, the banned tokens and :func:`~nas.model.decode.beam_candidates`.
+    gathered by ``rows``, then log-softmax, the banned tokens, the length limit and
+    :func:`~nas.model.decode.beam_candidates`.
 
-    ``forward(tokens [n, 1], rows [n], scores [n/k, k], ban [V], memory [n, K*s, C], src_pad [n, s], cross,
-    past)`` -> ``lprobs [n/k, k, V]`` (banned tokens at ``-inf``), the seven tensors of ``beam_candidates``, then
-    the new state (``present``, ``n`` rows, one position longer). ``rows[i]`` is the row of ``past`` that
-    hypothesis ``i`` continues; ``ban`` is 0 or ``-inf`` per token (added: the same values as the eager search's
-    ``index_fill_``).
+    ``forward(tokens [n*k, 1], rows [n*k], scores [n, k], ban [V], limit [n], eos_zero [], memory [n*k, K*s, C],
+    src_pad [n*k, s], cross, past)`` -> the seven tensors of ``beam_candidates``, then the new state (``present``,
+    ``n*k`` rows, one position longer). ``rows[i]`` is the row of ``past`` that hypothesis ``i`` continues;
+    ``ban`` is 0 or ``-inf`` per token (added: the same values as the eager search's ``index_fill_``); where
+    ``limit`` is True every token but EOS gets ``-inf`` and EOS keeps its log-probability, or 0 with ``eos_zero``
+    (the eager search's forcing, :func:`nas.model.decode.search`).
     """
 
     def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], state: list[dict], beam_size: int,
-                 eos_id: int) -> None:
+                 eos_id: int, candidates: bool = True) -> None:
         super().__init__()
-        self.step = _DecoderStepGraph(model, arch, cross, state)
+        self.model, self.arch, self.cross, self.state = model, arch, cross, state
+        self.clock = next(i for i, e in enumerate(state) if e["time_axis"] is not None)
         self.axes = [e["batch_axis"] for e in state]
-        self.beam_size, self.eos_id = beam_size, eos_id
+        self.beam_size, self.eos_id, self.candidates = beam_size, eos_id, candidates
+        self.register_buffer("is_eos", torch.arange(model.vocab_size) == eos_id, persistent=False)  # [V]
+        # the tied embedding transposed [E, V]: MKL multiplies rows by it faster than by F.linear's view of [V, E]
+        # (SuperTransformer.step_logits; 4 rows: 104 against 193 us, 128 rows: 914 against 1,041 us)
+        self.register_buffer("embed_t", model.embed.weight.detach().t().contiguous(), persistent=False)
 
     def forward(self, tokens: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor, ban: torch.Tensor,
-                memory: torch.Tensor, src_pad: torch.Tensor, cross: tuple[torch.Tensor, ...],
-                past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+                limit: torch.Tensor, eos_zero: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
+                cross: tuple[torch.Tensor, ...], past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         past = tuple(p.index_select(axis, rows) for p, axis in zip(past, self.axes))
-        logits, *present = self.step(tokens, memory, src_pad, cross, past)
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(-1, self.beam_size, logits.size(-1)) + ban
-        return (lprobs, *beam_candidates(lprobs, scores, self.eos_id), *present)
+        cache: list[dict] = [{} for _ in self.model.decoder]
+        for e, t in (*zip(self.cross, cross), *zip(self.state, past)):
+            cache[e["layer"]].setdefault(e["part"], {})[e["key"]] = t
+        step = past[self.clock].size(self.state[self.clock]["time_axis"])
+        h = self.model.decode_step(tokens, step, memory, src_pad, self.arch, cache, features=True)  # [n*k, E]
+        logits = h @ self.embed_t  # [n*k, V]
+        present = [cache[e["layer"]][e["part"]][e["key"]] for e in self.state]
+        if not self.candidates:
+            return (logits, *present)
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + ban
+        eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
+        forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
+        lprobs = torch.where(limit[:, None, None], forced, lprobs)
+        return (*beam_candidates(lprobs, scores, self.eos_id), *present)
 
 
 def default_cache_dir() -> Path:
@@ -93,15 +111,19 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("NAS_AOT_CACHE") or Path.home() / ".cache" / "nas" / "aot")
 
 
-def package_key(model: SuperTransformer, arch: Arch, beam_size: int, autotune: bool,
+def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: dict[str, bool],
                 options: dict[str, Any] | None = None) -> str:
-    """A hash of what the compiled package depends on: weights, config, arch, beam size, options, torch's version,
-    the machine and its CPU instruction set (``torch.backends.cpu.get_cpu_capability()``)."""
+    """A hash of what the compiled package depends on: weights, config, arch, beam size, options, the source of
+    ``nas.model`` and of the export code it is traced with, torch's version, the machine and its CPU instruction
+    set (``torch.backends.cpu.get_cpu_capability()``)."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
-    meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "autotune": autotune,
+    code = Path(__file__).parent.parent  # the nas package: the graph is traced from its model and export code
+    for source in sorted([*(code / "model").glob("*.py"), Path(__file__), code / "export" / "onnx.py"]):
+        h.update(source.read_bytes())
+    meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "variant": variant,
             "options": options or {}, "torch": torch.__version__, "machine": platform.machine(),
             "isa": torch.backends.cpu.get_cpu_capability(), "format": 1}
     h.update(json.dumps(meta, sort_keys=True, default=str).encode())
@@ -110,7 +132,7 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, autotune: b
 
 @torch.no_grad()
 def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path: str | Path, *,
-                      autotune: bool = True, options: dict[str, Any] | None = None) -> Path:
+                      autotune: bool = True, candidates: bool = True, options: dict[str, Any] | None = None) -> Path:
     """Export the beam-search step of ``arch`` (:class:`_BeamStepGraph`) and compile it with AOTInductor into the
     package ``path`` (written atomically). Every row count, source length and past length is a dynamic axis.
 
@@ -126,8 +148,8 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     entries = _cache_layout(model, arch)
     cross = [e for e in entries if e["source"] == "encoder"]
     state = [e for e in entries if e["source"] == "step"]
-    graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID).eval()
-    # Example: 3 sentences (n = 3k rows) continuing from 4k rows of a 2-position past, source length 7.
+    graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID, candidates).eval()
+    # Example: 3 sentences (3k rows) continuing from 4k rows of a 2-position past, source length 7.
     k, sents = beam_size, 3
     src = _sample_src(model, sents, 7).repeat_interleave(k, 0)
     memory, src_pad = model.encode(src, arch)
@@ -139,11 +161,13 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     ban = torch.zeros(model.vocab_size)
     ban[[PAD_ID, BOS_ID]] = float("-inf")
     args = (torch.full((sents * k, 1), BOS_ID, dtype=torch.long), rows, torch.zeros(sents, k), ban,
-            memory.contiguous(), src_pad.contiguous(), cross_t, past_t)
-    dyn = Dim.DYNAMIC
-    axes = lambda shape: {i: dyn for i, d in enumerate(shape) if isinstance(d, str)}
-    shapes = ({0: dyn}, {0: dyn}, {0: dyn}, None, {0: dyn, 1: dyn}, {0: dyn, 1: dyn},
-              tuple(axes(e["shape"]) for e in cross), tuple(axes(e["shape"]) for e in state))
+            torch.tensor([False, True, False]), torch.tensor(False), memory.contiguous(), src_pad.contiguous(),
+            cross_t, past_t)
+    dyn, n = Dim.DYNAMIC, Dim("sentences", min=1, max=1 << 20)
+    nk = n if k == 1 else k * n  # rows: one per hypothesis (derived, so that [n*k] views as [n, k] exactly)
+    axes = lambda shape, batch: {i: (batch if d == "batch" else dyn) for i, d in enumerate(shape) if isinstance(d, str)}
+    shapes = ({0: nk}, {0: nk}, {0: n}, None, {0: n}, None, {0: nk, 1: dyn}, {0: nk, 1: dyn},
+              tuple(axes(e["shape"], nk) for e in cross), tuple(axes(e["shape"], dyn) for e in state))
     program = torch.export.export(graph, args, dynamic_shapes=shapes)
     options = dict(options or {})  # more Inductor settings
     if autotune:
@@ -165,10 +189,10 @@ class _AotStepper:
     """:func:`nas.model.decode.search`'s stepper on a compiled package: the state lives in tensors passed in and
     out of each call."""
 
-    def __init__(self, runner: Any, model: SuperTransformer, arch: Arch, cross: list[dict], state: list[dict],
-                 memory: torch.Tensor, src_pad: torch.Tensor, ban: dict[tuple, torch.Tensor],
+    def __init__(self, runner: Any, candidates: bool, model: SuperTransformer, arch: Arch, cross: list[dict],
+                 state: list[dict], memory: torch.Tensor, src_pad: torch.Tensor, ban: dict[tuple, torch.Tensor],
                  cross_fn) -> None:
-        self.runner, self.ban, self.state = runner, ban, state
+        self.runner, self.candidates, self.ban, self.state = runner, candidates, ban, state
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         crossed = cross_fn(model, arch, memory, src_pad)
         self.cross = [crossed[e["layer"]][e["part"]][e["key"]].contiguous() for e in cross]
@@ -177,17 +201,27 @@ class _AotStepper:
         self.past = [memory.new_zeros([n if d == "batch" else 0 if d == "past_len" else d for d in e["shape"]])
                      for e in state]
         self.identity = {n: torch.arange(n)}
+        self.no_limit: dict[int, torch.Tensor] = {}
+        self.flags = {False: torch.tensor(False), True: torch.tensor(True)}
         self.rows = self.identity[n]
 
-    def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor):
-        out = self.runner(tokens[:, -1:].contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
-                          self.memory, self.src_pad, self.cross, self.past)
-        self.past = out[8:]
+    def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor, at_limit: list[bool],
+             eos_zero: bool) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
         n = tokens.size(0)
+        limit = torch.tensor(at_limit) if any(at_limit) else self.no_limit.get(len(at_limit))
+        if limit is None:
+            limit = self.no_limit[len(at_limit)] = torch.zeros(len(at_limit), dtype=torch.bool)
+        out = self.runner(tokens[:, -1:].contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
+                          limit, self.flags[eos_zero], self.memory, self.src_pad, self.cross, self.past)
         self.rows = self.identity.get(n)  # no reorder unless search asks for one
         if self.rows is None:
             self.rows = self.identity[n] = torch.arange(n)
-        return out[0], tuple(out[1:8])
+        if self.candidates:
+            self.past = out[7:]
+            return None, tuple(out[:7])
+        self.past = out[1:]  # the package returned logits: the rest as the eager search does it
+        lprobs = torch.log_softmax(out[0], dim=-1).view(scores.size(0), scores.size(1), -1)
+        return lprobs.index_fill_(2, banned, float("-inf")), None
 
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()
@@ -198,6 +232,8 @@ class _AotStepper:
 
 
 SMALL_ROWS = 16
+VARIANTS = {True: {"autotune": True, "candidates": True}, False: {"autotune": False, "candidates": False}}
+"""The two packages of :class:`AotTranslator`: for up to :data:`SMALL_ROWS` hypotheses (True) and for more."""
 """Hypotheses (sentences x beams) up to which :class:`AotTranslator` runs the autotuned package (module docstring)."""
 
 
@@ -228,13 +264,13 @@ class AotTranslator:
         self.exported = export if isinstance(export, Exported) else load_export(export)
         self.model = model = self.exported.model.eval()
         self.arch = model.check_arch(self.exported.arch)
-        self.beam_size = beam_size or self.exported.beam_size
+        self.beam_size = self.exported.beam_size if beam_size is None else beam_size
         if self.beam_size < 1:
             raise ValueError(f"beam_size={self.beam_size} must be >= 1")
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.small_rows = small_rows
         self.options = {"pattern_matcher": False, **(options or {})}
-        self.compile_seconds: dict[bool, float] = {}  # autotuned or not -> seconds (compiled in this process)
+        self.compile_seconds: dict[bool, float] = {}  # small or not -> seconds (compiled in this process)
         self._runners: dict[bool, Any] = {}
         entries = _cache_layout(model, self.arch)
         self.cross = [e for e in entries if e["source"] == "encoder"]
@@ -247,22 +283,23 @@ class AotTranslator:
             ban[sorted(ids)] = float("-inf")
             self.ban[tuple(sorted(ids))] = ban
 
-    def package(self, autotune: bool) -> Path:
-        """The cached package (compiled now if missing): autotuned (few rows) or with ATen's products."""
-        key = package_key(self.model, self.arch, self.beam_size, autotune, self.options)
-        path = self.cache_dir / f"beam{self.beam_size}_{'small' if autotune else 'large'}_{key}.pt2"
+    def package(self, small: bool) -> Path:
+        """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
+        variant = VARIANTS[small]
+        key = package_key(self.model, self.arch, self.beam_size, variant, self.options)
+        path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
             start = time.perf_counter()
-            compile_beam_step(self.model, self.arch, self.beam_size, path, autotune=autotune, options=self.options)
-            self.compile_seconds[autotune] = time.perf_counter() - start
+            compile_beam_step(self.model, self.arch, self.beam_size, path, options=self.options, **variant)
+            self.compile_seconds[small] = time.perf_counter() - start
         return path
 
-    def runner(self, rows: int):
-        """The loaded package for ``rows`` hypotheses."""
-        autotune = rows <= self.small_rows
-        if autotune not in self._runners:
-            self._runners[autotune] = torch._inductor.aoti_load_package(str(self.package(autotune)))
-        return self._runners[autotune]
+    def runner(self, rows: int) -> tuple[Any, bool]:
+        """The loaded package for ``rows`` hypotheses, and whether it returns candidates (else logits)."""
+        small = rows <= self.small_rows
+        if small not in self._runners:
+            self._runners[small] = torch._inductor.aoti_load_package(str(self.package(small)))
+        return self._runners[small], VARIANTS[small]["candidates"]
 
     @torch.no_grad()
     def beam_search(self, src: torch.Tensor, *, len_penalty: float = 1.0, max_len_a: float = 1.5,
@@ -274,17 +311,25 @@ class AotTranslator:
         max_len = torch.clamp((src_len.float() * max_len_a + max_len_b).long(), max=model.max_positions - 1)
         rows = torch.arange(src.size(0)).repeat_interleave(k)
         memory, src_pad = memory.index_select(0, rows), src_pad.index_select(0, rows)
-        stepper = _AotStepper(self.runner(src.size(0) * k), model, self.arch, self.cross, self.state, memory, src_pad, self.ban,
+        stepper = _AotStepper(*self.runner(src.size(0) * k), model, self.arch, self.cross, self.state, memory, src_pad, self.ban,
                               self.cross_fn)
         return search(stepper, src.size(0), max_len.tolist(), beam_size=k, vocab=model.vocab_size,
                       pad_id=model.pad_id, bos_id=BOS_ID, eos_id=EOS_ID, len_penalty=len_penalty, min_len=min_len,
                       return_scores=return_scores, device="cpu")
 
-    def translate(self, sentences: list[str], *, max_tokens: int | None = None, batch_size: int = 64,
-                  on_batch=None) -> list[str]:
-        """Detokenized translations in input order, batched as :func:`nas.eval.scores.translate`."""
+    def translate(self, sentences: list[str], beam_size: int | None = None, *, max_tokens: int | None = None,
+                  batch_size: int = 64, on_batch=None) -> list[str]:
+        """Detokenized translations in input order, batched as :func:`nas.eval.scores.translate` (the signature of
+        :meth:`nas.export.Exported.translate`).
+
+        Raises:
+            ValueError: ``beam_size`` is not the compiled one (a package serves one beam size).
+        """
         from nas.eval.scores import translate
 
+        if beam_size is not None and beam_size != self.beam_size:
+            raise ValueError(f"beam_size={beam_size}: this AotTranslator is compiled for beam size {self.beam_size}; "
+                             f"make another with beam_size={beam_size}")
         return translate(self.model, self.exported.tokenizer, sentences, self.arch, beam_size=self.beam_size,
                          max_tokens=max_tokens, batch_size=batch_size, on_batch=on_batch,
                          search=lambda src: self.beam_search(src))

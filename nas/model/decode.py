@@ -150,10 +150,11 @@ class _EagerStepper:
         self.model, self.arch, self.memory, self.src_pad = model, arch, memory, src_pad
         self.decoder = IncrementalDecoder(model, memory, src_pad, arch, max_len) if use_cache else None
 
-    def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor
-             ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor, at_limit: list[bool],
+             eos_zero: bool) -> tuple[torch.Tensor, None]:
         """Prefixes ``tokens [n*k, 1 + step]``, ``scores [n, k]``, token ids ``banned`` -> the log-probabilities
-        ``[n, k, V]`` with ``banned`` at ``-inf``, and None (the candidates are left to :func:`search`)."""
+        ``[n, k, V]`` with ``banned`` at ``-inf``, and None (the length limit and the candidates are left to
+        :func:`search`)."""
         if self.decoder is not None:
             logits = self.decoder.step(tokens[:, -1:])  # [n*k, V]
         else:
@@ -175,9 +176,11 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
     :mod:`nas.export.aot`): fairseq's bookkeeping of finished hypotheses, length limits and reordering.
 
     Args:
-        stepper: ``step(tokens [n*k, 1+t], scores [n, k], banned [m]) -> (lprobs [n, k, V], candidates or None)``,
-            ``candidates`` being :func:`beam_candidates` of ``lprobs`` and ``scores`` (a stepper may compute
-            them itself; they are recomputed here where a length limit forces EOS), and
+        stepper: ``step(tokens [n*k, 1+t], scores [n, k], banned [m], at_limit, eos_zero)``, with ``at_limit``
+            a list of n bools (the sentences whose length limit forces EOS now) and ``eos_zero`` whether EOS is
+            still banned (then a forced EOS scores 0): returns ``(lprobs [n, k, V], None)``, the log-probabilities
+            with ``banned`` at ``-inf``, the limit left to this function; or ``(None, candidates)``, the stepper
+            having forced EOS where ``at_limit`` says, as below, and computed :func:`beam_candidates` itself.
             ``reorder(src_rows [n'*k], sent_rows [n'*k] or None)``: continue from the hypotheses ``src_rows``,
             and, with ``sent_rows``, drop the rows of finished sentences.
         bsz: sentences; max_len: each sentence's length limit (decoder steps, EOS forced at it).
@@ -195,17 +198,17 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
-        # PAD and BOS are never emitted; nor EOS before min_len (where the limit does not force it, below)
-        lprobs, cands = stepper.step(tokens, scores, never_or_eos if step + 1 < min_len else never)
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
-        if any(at_limit_list):
-            at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]
-            forced = torch.full_like(lprobs[at_limit], float("-inf"))
-            forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
-            lprobs[at_limit] = forced
-            cands = None
+        # PAD and BOS are never emitted; nor EOS before min_len (where the limit does not force it, below)
+        lprobs, cands = stepper.step(tokens, scores, never_or_eos if step + 1 < min_len else never, at_limit_list,
+                                     step + 1 < min_len)
         if cands is None:
+            if any(at_limit_list):  # only EOS, with its log-probability (0 before min_len)
+                at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]
+                forced = torch.full_like(lprobs[at_limit], float("-inf"))
+                forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
+                lprobs[at_limit] = forced
             cands = beam_candidates(lprobs, scores, eos_id, inplace=True)
         top_scores, top_beam, top_tok, is_eos, cont_scores, next_beam, next_tok = cands
         # Finalize EOS candidates that rank among the first k (fairseq's rule).

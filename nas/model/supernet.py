@@ -311,7 +311,7 @@ class SuperTransformer(nn.Module):
         return self.decode(tgt_in, memory, src_pad, arch, reg, features=features)
 
     def decode_step(self, tokens: torch.Tensor, step: int, memory: torch.Tensor, src_pad: torch.Tensor,
-                    arch: Arch | None, cache: list[CacheDict]) -> torch.Tensor:
+                    arch: Arch | None, cache: list[CacheDict], features: bool = False) -> torch.Tensor:
         """One incremental decoding step with a key/value cache held in plain dicts.
 
         The interface of the ONNX export (each step's state in, the grown state out: keys and
@@ -326,6 +326,8 @@ class SuperTransformer(nn.Module):
             cache: one dict per decoder layer (start with ``[{} for _ in range(layers)]``),
                 updated in place with self-attention keys/values and the cross-attention's
                 projected memory.
+            features: return :meth:`output_features` ``[n, E]`` instead of the logits (the caller multiplies
+                them by the tied embedding in its own layout: ``nas.export.aot``).
         Returns:
             logits of the next token ``[n, V]``.
         """
@@ -337,7 +339,7 @@ class SuperTransformer(nn.Module):
             x = layer(x, mem, dims, pad, cache=state)
             parts.clear()
             parts.update(state.to_dict())
-        return self.output_logits(x[:, -1])
+        return self.output_features(x[:, -1]) if features else self.output_logits(x[:, -1])
 
     @staticmethod
     def reorder_cache(cache: list[CacheDict], index: torch.Tensor, parts: tuple[str, ...]) -> None:

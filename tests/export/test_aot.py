@@ -1,0 +1,139 @@
+"""The decoder compiled ahead of time (``nas.export.aot``, AOTInductor) searches as the eager decoder does.
+
+The reference is :func:`nas.model.beam_search` on the same weights (itself checked against decoding without the
+cache in ``tests/model/test_decoding.py``): the same tokens, scores within 1e-4 (the compiled kernels sum in other
+orders), for a plain arch and for one with every unified family in the decoder (branches, paths, units, a Prime
+layer's causal-convolution state, HAT's attention over two encoder layers), through both packages (autotuned for
+few rows, ATen's products for many), free-length search (sentences finishing at different steps leave the batch)
+and fixed-length search (EOS forced at the bound).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nas.data import Tokenizer, read_lines
+from nas.export import export_arch, load_export
+from nas.export.aot import AotTranslator, package_key
+from nas.export.folder import Exported
+from nas.model import SuperTransformer, beam_search, extract
+from nas.model.io import save_model
+from nas.space.arch import Arch, StackArch
+
+PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
+MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), ("sequential", "independent")),
+             StackArch((32, 16), (64, 32), (2, 2), (2, 1), ("sequential", "prime"), ((), (3, 5)), (2, 1),
+                       (), ("sequential", "independent"), (2, 1)))
+MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
+                    StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
+                              (2, 2), encoder_attention=(2, 2)))
+SMALL_ROWS = 8  # 2 sentences x 3 beams run the autotuned package, 5 x 3 the other
+
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
+              pytest.mark.slow]  # each package compiles in 10-30 s on 2 cores: out of the inner loop
+
+
+def _varied(model: SuperTransformer) -> SuperTransformer:
+    """N(0, 0.3) noise on every weight: a fresh model's output repeats one token and would hide a misplaced row."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(multi30k, tmp_path_factory) -> Tokenizer:
+    lines = read_lines(multi30k / "train.en.gz", limit=300) + read_lines(multi30k / "train.de.gz", limit=300)
+    return Tokenizer.train(lines, tmp_path_factory.mktemp("spm") / "spm", vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def sentences(multi30k) -> list[str]:
+    return read_lines(multi30k / "test_2016_flickr.en.gz", limit=5)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("aot")
+
+
+@pytest.fixture(scope="module")
+def models(tokenizer, tmp_path_factory) -> dict:
+    """The PLAIN export folder (from a saved supernet) and MIXED extracted from a supernet, as ``Exported``."""
+    root = tmp_path_factory.mktemp("aot_models")
+    torch.manual_seed(0)
+    save_model(_varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64)), root / "sn",
+               "supernet")
+    plain = export_arch(root / "sn", tokenizer.model_path, PLAIN, root / "plain", beam_size=3)
+    torch.manual_seed(1)
+    mixed = extract(_varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64)), MIXED)
+    return {"plain": plain, "mixed": Exported(mixed.eval(), tokenizer, MIXED, 3)}
+
+
+def _sources(tokenizer: Tokenizer, sentences: list[str]) -> torch.Tensor:
+    ids = [x + [3] for x in tokenizer.encode(sentences)]  # EOS = 3
+    src = torch.zeros(len(ids), max(map(len, ids)), dtype=torch.long)  # PAD = 0: the shorter rows are padded
+    for i, row in enumerate(ids):
+        src[i, :len(row)] = torch.tensor(row)
+    return src
+
+
+def _assert_same(got, want) -> None:
+    (hyps, scores), (ref_hyps, ref_scores) = got, want
+    assert hyps == ref_hyps
+    assert max(abs(a - b) for a, b in zip(scores, ref_scores)) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed"])
+@pytest.mark.parametrize("sentences_in_batch", [2, 5])
+def test_compiled_search_equals_the_eager_search(models, tokenizer, sentences, cache_dir, name, sentences_in_batch):
+    if name == "mixed" and sentences_in_batch == 2:
+        pytest.skip("one package of the unified arch (compile time); the plain arch runs both")
+    translator = AotTranslator(models[name], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    model = translator.model
+    src = _sources(tokenizer, sentences[:sentences_in_batch])
+    free = beam_search(model, src, beam_size=3, return_scores=True)
+    assert len({len(h) for h in free[0]}) > 1  # the sentences finish at different steps
+    _assert_same(translator.beam_search(src, return_scores=True), free)
+    fixed = dict(max_len_a=0.0, max_len_b=9, min_len=9)
+    _assert_same(translator.beam_search(src, return_scores=True, **fixed),
+                 beam_search(model, src, beam_size=3, return_scores=True, **fixed))
+    assert translator.runner(sentences_in_batch * 3) is translator._runners[sentences_in_batch * 3 <= SMALL_ROWS]
+
+
+def test_greedy_compiled_search_equals_the_eager_search(models, tokenizer, sentences, cache_dir):
+    translator = AotTranslator(models["plain"], 1, cache_dir=cache_dir, small_rows=0)
+    src = _sources(tokenizer, sentences)
+    _assert_same(translator.beam_search(src, return_scores=True),
+                 beam_search(translator.model, src, beam_size=1, return_scores=True))
+
+
+def test_translate_gives_the_exports_translations(models, sentences, cache_dir):
+    translator = AotTranslator(models["plain"], cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    assert translator.beam_size == 3  # the export's
+    assert translator.translate(sentences + [""]) == load_export(models["plain"]).translate(sentences + [""])
+
+
+def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
+    first = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    first.runner(3)  # compiled by an earlier test of this module, or now
+    again = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    again.runner(3)
+    assert again.compile_seconds == {}  # loaded from the cache
+    assert again.package(True) == first.package(True)
+    model = again.model
+    key = package_key(model, again.arch, 3, True)
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] += 1.0
+    try:
+        assert package_key(model, again.arch, 3, True) != key
+        assert package_key(model, again.arch, 4, True) != package_key(model, again.arch, 3, True)
+    finally:
+        with torch.no_grad():
+            next(model.parameters()).view(-1)[0] -= 1.0
+
+
+def test_a_beam_size_below_one_is_refused(models, cache_dir):
+    with pytest.raises(ValueError, match="beam_size=0"):
+        AotTranslator(models["plain"], 0, cache_dir=cache_dir)
