@@ -103,7 +103,7 @@ class _BeamStepGraph(nn.Module):
         eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
         forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
         lprobs = torch.where(limit[:, None, None], forced, lprobs)
-        return (*beam_candidates(lprobs, scores, self.eos_id), *present)
+        return (*beam_candidates(lprobs, scores, self.eos_id, blocked=True), *present)
 
 
 def default_cache_dir() -> Path:
@@ -315,7 +315,7 @@ class AotTranslator:
                               self.cross_fn)
         return search(stepper, src.size(0), max_len.tolist(), beam_size=k, vocab=model.vocab_size,
                       pad_id=model.pad_id, bos_id=BOS_ID, eos_id=EOS_ID, len_penalty=len_penalty, min_len=min_len,
-                      return_scores=return_scores, device="cpu")
+                      return_scores=return_scores, device="cpu", blocked_topk=True)
 
     def translate(self, sentences: list[str], beam_size: int | None = None, *, max_tokens: int | None = None,
                   batch_size: int = 64, on_batch=None) -> list[str]:

@@ -8,7 +8,7 @@ from nas.model.kv_cache import LayerCache
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["beam_search", "beam_candidates", "IncrementalDecoder"]
+__all__ = ["beam_search", "beam_candidates", "search", "top_candidates", "IncrementalDecoder"]
 
 
 class IncrementalDecoder:
@@ -73,8 +73,33 @@ class IncrementalDecoder:
             self.sources = self.model.cross_sources(self.memory, self.src_pad, self.arch)
 
 
-def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False
-                    ) -> tuple[torch.Tensor, ...]:
+def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``kk`` largest ``lprobs[i, j, v] + scores[i, j]`` of each sentence ``i`` (values ``[n, kk]``, descending,
+    and flat indices ``j * V + v``): ``(lprobs + scores[:, :, None]).view(n, -1).topk(kk)`` without adding the
+    scores to every entry and without ``topk``'s pass over all of them.
+
+    Each beam's vocabulary is cut into blocks of 32-128 tokens. A vectorized maximum of each block, plus its beam's
+    score, ranks the blocks (``fl(max a + s) = max fl(a + s)``: rounding is monotonic); the ``kk`` best blocks hold
+    ``kk`` candidates at least as large as the ``kk``-th of their maxima, so a top ``kk`` of the sentence, and
+    ``topk`` runs over their ``kk * block`` candidates only. The values equal the plain computation's bit for bit;
+    where values tie at the ``kk``-th place the indices may be other tied ones. At batch 32, beam 4, vocabulary
+    6,000, ``kk = 8``, 1 thread, the top-k alone took 281 us against 849 us (blocks of the flattened rows).
+    Falls back to the plain computation where ``V`` has no divisor between 32 and 128.
+    """
+    n, k, vocab = lprobs.shape
+    block = next((b for b in (64, *range(32, 129)) if vocab % b == 0), None)
+    if block is None or k * (vocab // block) < 2 * kk:
+        return (lprobs + scores[:, :, None]).view(n, k * vocab).topk(kk, dim=1)
+    best = lprobs.view(n, k, vocab // block, block).amax(3) + scores[:, :, None]  # [n, k, V/block]
+    _, blocks = best.view(n, -1).topk(kk, dim=1)  # [n, kk]: block q covers flat entries q*block ...
+    idx = (blocks[:, :, None] * block + torch.arange(block, device=lprobs.device)).view(n, kk * block)
+    values = lprobs.view(n, k * vocab).gather(1, idx) + scores.gather(1, idx // vocab)
+    values, pick = values.topk(kk, dim=1)
+    return values, idx.gather(1, pick)
+
+
+def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False,
+                    blocked: bool = False) -> tuple[torch.Tensor, ...]:
     """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
     then the ``k`` best of those that do not end in EOS.
 
@@ -86,14 +111,19 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
         scores: ``[n, k]`` the hypotheses' summed log-probabilities so far.
         eos_id: the EOS token id.
         inplace: add ``scores`` into ``lprobs`` in place (eager decoding: no ``[n, k*V]`` allocation a step).
+        blocked: the ``2k`` best by :func:`top_candidates` (the AOT-compiled decoder; the same values, tied
+            indices may differ; ``lprobs`` is left as it is) instead of adding and ``topk``.
     Returns:
         ``top_scores, top_beam, top_tok, is_eos`` (each ``[n, 2k]``: the candidates' scores, their beams and
         tokens, and which end in a finite-scored EOS), then ``cont_scores, next_beam, next_tok`` (each ``[n, k]``:
         the ``k`` best non-EOS candidates, ``-inf`` where fewer are left).
     """
     n, k, vocab = lprobs.shape
-    cand = (lprobs.add_(scores[:, :, None]) if inplace else lprobs + scores[:, :, None]).view(n, k * vocab)
-    top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n, 2k]
+    if blocked:
+        top_scores, top_idx = top_candidates(lprobs, scores, 2 * k)  # [n, 2k]
+    else:
+        cand = (lprobs.add_(scores[:, :, None]) if inplace else lprobs + scores[:, :, None]).view(n, k * vocab)
+        top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n, 2k]
     top_beam, top_tok = top_idx // vocab, top_idx % vocab
     is_eos = top_tok.eq(eos_id) & torch.isfinite(top_scores)
     cont_scores, pick = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)  # [n, k]
@@ -170,8 +200,8 @@ class _EagerStepper:
 
 
 def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int, pad_id: int, bos_id: int,
-           eos_id: int, len_penalty: float, min_len: int, return_scores: bool, device: torch.device | str
-           ) -> list[list[int]] | tuple[list[list[int]], list[float]]:
+           eos_id: int, len_penalty: float, min_len: int, return_scores: bool, device: torch.device | str,
+           blocked_topk: bool = False) -> list[list[int]] | tuple[list[list[int]], list[float]]:
     """:func:`beam_search`'s search over any stepper (the eager model, or the AOT-compiled step of
     :mod:`nas.export.aot`): fairseq's bookkeeping of finished hypotheses, length limits and reordering.
 
@@ -184,6 +214,7 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
             ``reorder(src_rows [n'*k], sent_rows [n'*k] or None)``: continue from the hypotheses ``src_rows``,
             and, with ``sent_rows``, drop the rows of finished sentences.
         bsz: sentences; max_len: each sentence's length limit (decoder steps, EOS forced at it).
+        blocked_topk: rank the candidates this function computes with :func:`top_candidates`.
         The rest as :func:`beam_search`.
     """
     k = beam_size
@@ -209,7 +240,7 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
                 forced = torch.full_like(lprobs[at_limit], float("-inf"))
                 forced[..., eos_id] = lprobs[at_limit][..., eos_id] if step + 1 >= min_len else 0.0
                 lprobs[at_limit] = forced
-            cands = beam_candidates(lprobs, scores, eos_id, inplace=True)
+            cands = beam_candidates(lprobs, scores, eos_id, inplace=True, blocked=blocked_topk)
         top_scores, top_beam, top_tok, is_eos, cont_scores, next_beam, next_tok = cands
         # Finalize EOS candidates that rank among the first k (fairseq's rule).
         if bool(is_eos[:, :k].any()):

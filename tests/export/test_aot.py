@@ -15,7 +15,7 @@ import torch
 
 from nas.data import Tokenizer, read_lines
 from nas.export import export_arch, load_export
-from nas.export.aot import AotTranslator, package_key
+from nas.export.aot import VARIANTS, AotTranslator, package_key
 from nas.export.folder import Exported
 from nas.model import SuperTransformer, beam_search, extract
 from nas.model.io import save_model
@@ -99,7 +99,9 @@ def test_compiled_search_equals_the_eager_search(models, tokenizer, sentences, c
     fixed = dict(max_len_a=0.0, max_len_b=9, min_len=9)
     _assert_same(translator.beam_search(src, return_scores=True, **fixed),
                  beam_search(model, src, beam_size=3, return_scores=True, **fixed))
-    assert translator.runner(sentences_in_batch * 3) is translator._runners[sentences_in_batch * 3 <= SMALL_ROWS]
+    runner, candidates = translator.runner(sentences_in_batch * 3)
+    assert runner is translator._runners[sentences_in_batch * 3 <= SMALL_ROWS]
+    assert candidates == (sentences_in_batch * 3 <= SMALL_ROWS)  # the small package ranks the candidates itself
 
 
 def test_greedy_compiled_search_equals_the_eager_search(models, tokenizer, sentences, cache_dir):
@@ -123,12 +125,14 @@ def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
     assert again.compile_seconds == {}  # loaded from the cache
     assert again.package(True) == first.package(True)
     model = again.model
-    key = package_key(model, again.arch, 3, True)
+    small = VARIANTS[True]
+    key = package_key(model, again.arch, 3, small)
+    assert package_key(model, again.arch, 4, small) != key
+    assert package_key(model, again.arch, 3, VARIANTS[False]) != key
     with torch.no_grad():
         next(model.parameters()).view(-1)[0] += 1.0
     try:
-        assert package_key(model, again.arch, 3, True) != key
-        assert package_key(model, again.arch, 4, True) != package_key(model, again.arch, 3, True)
+        assert package_key(model, again.arch, 3, small) != key
     finally:
         with torch.no_grad():
             next(model.parameters()).view(-1)[0] -= 1.0
