@@ -97,8 +97,8 @@ class _BeamStepGraph(nn.Module):
         h = self.model.decode_step(tokens, step, memory, src_pad, self.arch, cache, features=True)  # [n*k, E]
         logits = h @ self.embed_t  # [n*k, V]
         present = [cache[e["layer"]][e["part"]][e["key"]] for e in self.state]
-        if not self.candidates:
-            return (logits, *present)
+        if not self.candidates:  # the logits and each row's log-sum-exp (one fused reduction)
+            return (logits, torch.logsumexp(logits, dim=-1), *present)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + ban
         eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
         forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
@@ -193,6 +193,7 @@ class _AotStepper:
                  state: list[dict], memory: torch.Tensor, src_pad: torch.Tensor, ban: dict[tuple, torch.Tensor],
                  cross_fn) -> None:
         self.runner, self.candidates, self.ban, self.state = runner, candidates, ban, state
+        self.eos_id = EOS_ID
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         crossed = cross_fn(model, arch, memory, src_pad)
         self.cross = [crossed[e["layer"]][e["part"]][e["key"]].contiguous() for e in cross]
@@ -219,9 +220,12 @@ class _AotStepper:
         if self.candidates:
             self.past = out[7:]
             return None, tuple(out[:7])
-        self.past = out[1:]  # the package returned logits: the rest as the eager search does it
-        lprobs = torch.log_softmax(out[0], dim=-1).view(scores.size(0), scores.size(1), -1)
-        return lprobs.index_fill_(2, banned, float("-inf")), None
+        logits, lse, self.past = out[0], out[1], out[2:]  # the package returned logits and log-sum-exps
+        if any(at_limit):  # the search forces EOS on the log-probabilities (once a sentence)
+            lprobs = torch.log_softmax(logits, dim=-1).view(scores.size(0), scores.size(1), -1)
+            return lprobs.index_fill_(2, banned, float("-inf")), None
+        logits = logits.view(scores.size(0), scores.size(1), -1).index_fill_(2, banned, float("-inf"))
+        return None, beam_candidates(logits, scores, self.eos_id, blocked=True, lse=lse.view(scores.shape))
 
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()
