@@ -1,36 +1,46 @@
-"""Our decoder compiled ahead of time: the beam-search step of an exported sub-Transformer as one AOTInductor
-package (``torch._inductor.aoti_compile_and_package``), run from :func:`nas.model.decode.search` (issue 41).
+"""Our decoder compiled ahead of time: the beam-search step of an exported sub-Transformer as AOTInductor packages
+(``torch._inductor.aoti_compile_and_package``), run from :func:`nas.model.decode.search` (issue 41).
 
 Why: at batch 1 the eager decoder is bound by per-op dispatch (about 190 ATen calls a step, 5-7 us each), not by
 arithmetic, and ``torch.compile`` of the eager step failed or gained 7% (``benchmarks/bench_compile_step.py``). The
 ONNX export's step interface (the state in, the grown state out, every shape a dynamic axis) exports with
 ``torch.export``; AOTInductor compiles it to a shared library whose kernels run from C++, with no Python and no
-guards between them. On top of the ONNX step the graph here
+guards between them. On top of that step the graph here
 
 - gathers the previous step's state by the surviving hypotheses (``rows``) before appending to it, so the
-  reorder and the append are one pass (the eager decoder's ``index_select`` into a spare buffer, then a copy);
-- ends with beam search's expansion: log-softmax, the banned tokens, and
-  :func:`nas.model.decode.beam_candidates` (the same function the eager search calls), so a step returns the
-  ``2k`` candidates per sentence instead of ``[n, V]`` logits.
+  reorder and the append are one pass;
+- multiplies by the tied embedding transposed ``[E, V]``, a constant of the package (MKL's faster layout,
+  :meth:`nas.model.supernet.SuperTransformer.step_logits`);
+- ends, in the package for few rows (``candidates=True``), with beam search's expansion: log-softmax, the banned
+  tokens, the length limit and :func:`nas.model.decode.beam_candidates` (the function the eager search calls), so
+  a step returns the ``2k`` candidates per sentence;
+- ends, in the package for many rows, with the logits and each row's log-sum-exp: Inductor's log-softmax over
+  ``[128, 6000]`` took 1.8-2.4 ms a step against ATen's 0.4-0.9 ms, so ATen ranks the candidates from the logits
+  and the log-sum-exp, computing the log-probabilities of the few candidates only (0.90x the step's time of
+  ATen's log-softmax, 9 interleaved rounds).
 
-What stays in Python is :func:`~nas.model.decode.search`'s bookkeeping (finished hypotheses, length limits,
-finished sentences leaving the batch): the same code as the eager :func:`~nas.model.decode.beam_search`.
+Both rank candidates by :func:`nas.model.decode.top_candidates`, the top ``2k`` found through block maxima
+(a third of ``topk``'s time at batch 32, beam 4). What stays in Python is :func:`~nas.model.decode.search`'s
+bookkeeping (finished hypotheses, length limits, finished sentences leaving the batch): the same code as the
+eager :func:`~nas.model.decode.beam_search`.
 
-With ``autotune=True`` Inductor's C++ GEMM template is tried against ATen's for each matrix product
-(``max_autotune``, ``max_autotune_gemm_backends="CPP,ATEN"``), at the example's 12 rows: on a 2-core Xeon, 1 thread,
-the plain Transformer's dimensions, 4 rows (batch 1, beam 4), a whole beam-search step took 0.65 ms against 0.76 ms
-without (0.94 ms eager); at 128 rows (batch 32, beam 4) 9.8 ms against 6.6 ms without (7.0 ms eager). So
-:class:`AotTranslator` compiles both and picks by the number of rows. Inductor's pattern matcher is off: it
-rewrote the cached attention's two ``bmm`` into a flash-attention call that took 27 us a layer at 4 rows.
+The two packages (:data:`VARIANTS`): for up to :data:`SMALL_ROWS` hypotheses, Inductor's C++ GEMM template is tried
+against ATen's for each matrix product (``max_autotune``, ``max_autotune_gemm_backends="CPP,ATEN"``) at the
+example's 12 rows; for more, ATen's products. On a 2-core Xeon, 1 thread, the plain Transformer's dimensions, the
+autotuned step took 0.65 ms against 0.76 ms untuned at 4 rows (batch 1, beam 4), but 9.8 ms against 6.6 ms at 128
+rows (batch 32, beam 4). Inductor's pattern matcher is off: it rewrote the cached attention's two ``bmm`` into a
+flash-attention call that took 27 us a layer at 4 rows.
 
 Departures and limits:
 
-- The compiled kernels sum in other orders than the eager ones: logits differ by about 1e-6, so on near-ties a
-  token may differ from the eager decoder's (as onnxruntime's may). ``tests/export/test_aot.py`` checks the tokens
-  and scores against the eager search.
-- Compilation takes 15-35 s per package (model, beam size, autotuned or not) on these CPUs; the package is cached under ``cache_dir`` by a
-  hash of the weights, the arch, the beam size, torch's version and the CPU's instruction set.
-- CPU only (the package's kernels are built for this machine's instruction set).
+- The compiled kernels sum in other orders than the eager ones: logits differ by about 1e-6, and a candidate's
+  log-probability ``x - lse`` may differ from ``log_softmax``'s in its last bit; where two candidates tie, the
+  chosen one may differ. So on near-ties a token may differ from the eager decoder's (as onnxruntime's may).
+  ``tests/export/test_aot.py`` checks tokens and scores against the eager search.
+- Compilation takes 15-35 s per package on these CPUs; packages are cached under ``cache_dir`` by a hash of the
+  weights, the arch, the beam size, the variant, the ``nas`` model code, torch's version and the CPU's
+  instruction set (:func:`package_key`).
+- CPU only (the package's kernels are built for this machine's instruction set). A package serves one beam size.
 - AOTInductor assumes the strides its example inputs had: every input is made contiguous before a call.
 """
 
@@ -96,7 +106,9 @@ class _BeamStepGraph(nn.Module):
         step = past[self.clock].size(self.state[self.clock]["time_axis"])
         h = self.model.decode_step(tokens, step, memory, src_pad, self.arch, cache, features=True)  # [n*k, E]
         logits = h @ self.embed_t  # [n*k, V]
-        present = [cache[e["layer"]][e["part"]][e["key"]] for e in self.state]
+        # contiguous: the next call reads them as inputs, and AOTInductor assumes the example inputs' strides
+        # (Prime's convolution window is a slice of a longer tensor)
+        present = [cache[e["layer"]][e["part"]][e["key"]].contiguous() for e in self.state]
         if not self.candidates:  # the logits and each row's log-sum-exp (one fused reduction)
             return (logits, torch.logsumexp(logits, dim=-1), *present)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + ban

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from nas.cli import app
 from nas.data import Tokenizer, read_lines
 from nas.export import export_arch, load_export
 from nas.export.aot import VARIANTS, AotTranslator, package_key
@@ -141,3 +143,13 @@ def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
 def test_a_beam_size_below_one_is_refused(models, cache_dir):
     with pytest.raises(ValueError, match="beam_size=0"):
         AotTranslator(models["plain"], 0, cache_dir=cache_dir)
+
+
+def test_nas_translate_compiled_writes_the_exports_translations(models, sentences, cache_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("NAS_AOT_CACHE", str(cache_dir))  # the packages of the tests above (or compiled now)
+    (tmp_path / "in.txt").write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+    out = tmp_path / "out.txt"
+    done = CliRunner().invoke(app, ["translate", str(models["plain"]), "--compiled", "-i", str(tmp_path / "in.txt"),
+                                    "-o", str(out)])
+    assert done.exit_code == 0, done.output
+    assert out.read_text(encoding="utf-8").splitlines() == load_export(models["plain"]).translate(sentences)
