@@ -62,7 +62,7 @@ from torch import nn
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
 from nas.export.onnx import _cache_layout, _cross_fn, _run_cache, _sample_src
-from nas.model.decode import beam_candidates, search
+from nas.model.decode import beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
@@ -109,8 +109,11 @@ class _BeamStepGraph(nn.Module):
         # contiguous: the next call reads them as inputs, and AOTInductor assumes the example inputs' strides
         # (Prime's convolution window is a slice of a longer tensor)
         present = [cache[e["layer"]][e["part"]][e["key"]].contiguous() for e in self.state]
-        if not self.candidates:  # the logits and each row's log-sum-exp (one fused reduction)
-            return (logits, torch.logsumexp(logits, dim=-1), *present)
+        if not self.candidates:  # the logits, each row's log-sum-exp and its blocks' maxima (banned tokens -inf)
+            block = candidate_block(logits.size(-1))
+            banned = logits + ban
+            block_max = banned.view(banned.size(0), -1, block).amax(-1) if block else banned[:, :1]
+            return (logits, torch.logsumexp(logits, dim=-1), block_max, *present)
         lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + ban
         eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
         forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
@@ -205,7 +208,7 @@ class _AotStepper:
                  state: list[dict], memory: torch.Tensor, src_pad: torch.Tensor, ban: dict[tuple, torch.Tensor],
                  cross_fn) -> None:
         self.runner, self.candidates, self.ban, self.state = runner, candidates, ban, state
-        self.eos_id = EOS_ID
+        self.eos_id, self.block = EOS_ID, candidate_block(model.vocab_size)
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         crossed = cross_fn(model, arch, memory, src_pad)
         self.cross = [crossed[e["layer"]][e["part"]][e["key"]].contiguous() for e in cross]
@@ -232,12 +235,14 @@ class _AotStepper:
         if self.candidates:
             self.past = out[7:]
             return None, tuple(out[:7])
-        logits, lse, self.past = out[0], out[1], out[2:]  # the package returned logits and log-sum-exps
+        logits, lse, block_max, self.past = out[0], out[1], out[2], out[3:]  # see _BeamStepGraph
         if any(at_limit):  # the search forces EOS on the log-probabilities (once a sentence)
             lprobs = torch.log_softmax(logits, dim=-1).view(scores.size(0), scores.size(1), -1)
             return lprobs.index_fill_(2, banned, float("-inf")), None
         logits = logits.view(scores.size(0), scores.size(1), -1).index_fill_(2, banned, float("-inf"))
-        return None, beam_candidates(logits, scores, self.eos_id, blocked=True, lse=lse.view(scores.shape))
+        n, k = scores.shape
+        return None, beam_candidates(logits, scores, self.eos_id, blocked=True, lse=lse.view(n, k),
+                                     block_max=block_max.view(n, k, -1) if self.block else None)
 
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()

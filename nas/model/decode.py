@@ -73,8 +73,14 @@ class IncrementalDecoder:
             self.sources = self.model.cross_sources(self.memory, self.src_pad, self.arch)
 
 
-def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: torch.Tensor | None = None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_block(vocab: int) -> int | None:
+    """The block length of :func:`top_candidates` for a vocabulary of ``vocab`` tokens: 64 or another divisor between
+    32 and 128; None if there is none."""
+    return next((b for b in (64, *range(32, 129)) if vocab % b == 0), None)
+
+
+def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: torch.Tensor | None = None,
+                   block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``kk`` largest ``lprobs[i, j, v] + scores[i, j]`` of each sentence ``i`` (values ``[n, kk]``, descending,
     and flat indices ``j * V + v``): ``(lprobs + scores[:, :, None]).view(n, -1).topk(kk)`` without adding the
     scores to every entry and without ``topk``'s pass over all of them.
@@ -89,14 +95,15 @@ def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: tor
 
     With ``lse [n, k]`` (each row's log-sum-exp), ``lprobs`` holds logits instead (banned tokens ``-inf``) and the
     candidates are ``(x - lse) + score``: the log-probabilities of the few candidates are computed, not all
-    ``[n, k, V]`` (``x - lse`` may differ from ``log_softmax``'s value in its last bit).
+    ``[n, k, V]`` (``x - lse`` may differ from ``log_softmax``'s value in its last bit). ``block_max [n, k, V/block]``
+    (:func:`candidate_block`), if given, holds each block's maximum of ``lprobs``, computed by the caller.
     """
     n, k, vocab = lprobs.shape
-    block = next((b for b in (64, *range(32, 129)) if vocab % b == 0), None)
+    block = candidate_block(vocab)
     if block is None or k * (vocab // block) < 2 * kk:
         base = lprobs if lse is None else lprobs - lse[:, :, None]
         return (base + scores[:, :, None]).view(n, k * vocab).topk(kk, dim=1)
-    best = lprobs.view(n, k, vocab // block, block).amax(3)  # [n, k, V/block]
+    best = lprobs.view(n, k, vocab // block, block).amax(3) if block_max is None else block_max  # [n, k, V/block]
     best = (best + scores[:, :, None]) if lse is None else (best - lse[:, :, None]) + scores[:, :, None]
     _, blocks = best.view(n, -1).topk(kk, dim=1)  # [n, kk]: block q covers flat entries q*block ...
     idx = (blocks[:, :, None] * block + torch.arange(block, device=lprobs.device)).view(n, kk * block)
@@ -109,7 +116,8 @@ def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: tor
 
 
 def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False,
-                    blocked: bool = False, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                    blocked: bool = False, lse: torch.Tensor | None = None,
+                    block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
     then the ``k`` best of those that do not end in EOS.
 
@@ -123,7 +131,8 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
         inplace: add ``scores`` into ``lprobs`` in place (eager decoding: no ``[n, k*V]`` allocation a step).
         blocked: the ``2k`` best by :func:`top_candidates` (the AOT-compiled decoder; the same values, tied
             indices may differ; ``lprobs`` is left as it is) instead of adding and ``topk``; with ``lse`` (``[n, k]``,
-            blocked only) ``lprobs`` holds the logits with banned tokens at ``-inf`` (:func:`top_candidates`).
+            blocked only) ``lprobs`` holds the logits with banned tokens at ``-inf``; ``block_max`` as in
+            :func:`top_candidates`.
     Returns:
         ``top_scores, top_beam, top_tok, is_eos`` (each ``[n, 2k]``: the candidates' scores, their beams and
         tokens, and which end in a finite-scored EOS), then ``cont_scores, next_beam, next_tok`` (each ``[n, k]``:
@@ -131,7 +140,7 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
     """
     n, k, vocab = lprobs.shape
     if blocked:
-        top_scores, top_idx = top_candidates(lprobs, scores, 2 * k, lse)  # [n, 2k]
+        top_scores, top_idx = top_candidates(lprobs, scores, 2 * k, lse, block_max)  # [n, 2k]
     else:
         cand = (lprobs.add_(scores[:, :, None]) if inplace else lprobs + scores[:, :, None]).view(n, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n, 2k]
