@@ -207,7 +207,7 @@ class _AotStepper:
     def __init__(self, runner: Any, candidates: bool, model: SuperTransformer, arch: Arch, cross: list[dict],
                  state: list[dict], memory: torch.Tensor, src_pad: torch.Tensor, ban: dict[tuple, torch.Tensor],
                  cross_fn) -> None:
-        self.runner, self.candidates, self.ban, self.state = runner, candidates, ban, state
+        self.run, self.candidates, self.ban, self.state = runner.loader.boxed_run, candidates, ban, state
         self.eos_id, self.block = EOS_ID, candidate_block(model.vocab_size)
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         crossed = cross_fn(model, arch, memory, src_pad)
@@ -227,8 +227,9 @@ class _AotStepper:
         limit = torch.tensor(at_limit) if any(at_limit) else self.no_limit.get(len(at_limit))
         if limit is None:
             limit = self.no_limit[len(at_limit)] = torch.zeros(len(at_limit), dtype=torch.bool)
-        out = self.runner(tokens[:, -1:].contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
-                          limit, self.flags[eos_zero], self.memory, self.src_pad, self.cross, self.past)
+        # the package's flat calling convention: the inputs in the exported order, no pytree (a list it may empty)
+        out = self.run([tokens[:, -1:].contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
+                        limit, self.flags[eos_zero], self.memory, self.src_pad, *self.cross, *self.past])
         self.rows = self.identity.get(n)  # no reorder unless search asks for one
         if self.rows is None:
             self.rows = self.identity[n] = torch.arange(n)
