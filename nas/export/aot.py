@@ -24,12 +24,13 @@ Both rank candidates by :func:`nas.model.decode.top_candidates`, the top ``2k`` 
 bookkeeping (finished hypotheses, length limits, finished sentences leaving the batch): the same code as the
 eager :func:`~nas.model.decode.beam_search`.
 
-The two packages (:data:`VARIANTS`): for up to :data:`SMALL_ROWS` hypotheses, Inductor's C++ GEMM template is tried
-against ATen's for each matrix product (``max_autotune``, ``max_autotune_gemm_backends="CPP,ATEN"``) at the
-example's 12 rows; for more, ATen's products. On a 2-core Xeon, 1 thread, the plain Transformer's dimensions, the
-autotuned step took 0.65 ms against 0.76 ms untuned at 4 rows (batch 1, beam 4), but 9.8 ms against 6.6 ms at 128
-rows (batch 32, beam 4). Inductor's pattern matcher is off: it rewrote the cached attention's two ``bmm`` into a
-flash-attention call that took 27 us a layer at 4 rows.
+The two packages (:data:`VARIANTS`) differ in where the candidates are ranked: in the graph for up to
+:data:`SMALL_ROWS` hypotheses (at 4 rows 0.84x the time of ranking from logits), by ATen for more (at 128 rows 0.85x
+the time of ranking in the graph; the two are even at 32 rows). Both use ATen's matrix products: autotuning
+Inductor's C++ GEMM template against them (``autotune=True``) gave 0.98x at 4 rows once the pattern matcher was off,
+for 18 s of compilation instead of 14 s, and, tuned at the example's 12 rows, a 1.4x slower step at 128 rows.
+Inductor's pattern matcher is off: it rewrote the cached attention's two ``bmm`` into a flash-attention call that
+took 27 us a layer at 4 rows.
 
 Departures and limits:
 
@@ -37,7 +38,7 @@ Departures and limits:
   log-probability ``x - lse`` may differ from ``log_softmax``'s in its last bit; where two candidates tie, the
   chosen one may differ. So on near-ties a token may differ from the eager decoder's (as onnxruntime's may).
   ``tests/export/test_aot.py`` checks tokens and scores against the eager search.
-- Compilation takes 15-35 s per package on these CPUs; packages are cached under ``cache_dir`` by a hash of the
+- Compilation takes 12-20 s per package on these CPUs (the plain Transformer's dimensions); packages are cached under ``cache_dir`` by a hash of the
   weights, the arch, the beam size, the variant, the ``nas`` model code, torch's version and the CPU's
   instruction set (:func:`package_key`).
 - CPU only (the package's kernels are built for this machine's instruction set). A package serves one beam size.
@@ -147,7 +148,7 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
 
 @torch.no_grad()
 def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path: str | Path, *,
-                      autotune: bool = True, candidates: bool = True, options: dict[str, Any] | None = None) -> Path:
+                      autotune: bool = False, candidates: bool = True, options: dict[str, Any] | None = None) -> Path:
     """Export the beam-search step of ``arch`` (:class:`_BeamStepGraph`) and compile it with AOTInductor into the
     package ``path`` (written atomically). Every row count, source length and past length is a dynamic axis.
 
@@ -254,30 +255,29 @@ class _AotStepper:
 
 
 SMALL_ROWS = 16
+"""Hypotheses (sentences x beams) up to which :class:`AotTranslator` ranks candidates in the graph (module docstring)."""
 DEFAULT_OPTIONS = {"pattern_matcher": False, "freezing": True, "cpp.weight_prepack": False}
 """Inductor settings of both packages (module docstring): no pattern matcher; the weights frozen, so that what the
 layers compute from weights alone (cropping, the query scale folded in) is computed once at compilation, not every
 step (0.97x the time at batch 1 and at batch 32, beam 4, interleaved A/B), without oneDNN's packed weights (slower
 at 4 rows)."""
-VARIANTS = {True: {"autotune": True, "candidates": True}, False: {"autotune": False, "candidates": False}}
+VARIANTS = {True: {"autotune": False, "candidates": True}, False: {"autotune": False, "candidates": False}}
 """The two packages of :class:`AotTranslator`: for up to :data:`SMALL_ROWS` hypotheses (True) and for more."""
-"""Hypotheses (sentences x beams) up to which :class:`AotTranslator` runs the autotuned package (module docstring)."""
 
 
 class AotTranslator:
     """Translate with an export's decoder compiled ahead of time (module docstring): the same search, tokens and
     batching as :meth:`nas.export.Exported.translate`, on the compiled step.
 
-    Two packages per beam size, each compiled on first use and cached: for up to ``small_rows`` hypotheses
-    (sentences x beams) one where Inductor's C++ GEMM template was autotuned against ATen (it wins on few rows),
-    for more one with ATen's matrix products (the template, tuned on few rows, was 1.4x slower at 128 rows; on a
-    2-core Xeon, 1 thread: ``benchmarks/bench_serving.py``'s ``pytorch-aot``).
+    Two packages per beam size, each compiled on first use (12-20 s on a 2-core CPU for the plain Transformer's
+    dimensions) and cached: for up to ``small_rows`` hypotheses (sentences x beams) one that ranks the candidates
+    in its graph, for more one that returns logits and leaves the ranking to ATen (module docstring).
 
     Args:
         export: a folder written by ``nas export`` (or a loaded :class:`~nas.export.Exported`).
         beam_size: the beam size compiled for (default: the export's); a package serves one beam size.
         cache_dir: where packages are kept (default :func:`default_cache_dir`).
-        small_rows: the hypotheses up to which the autotuned package runs.
+        small_rows: the hypotheses up to which the package that ranks in its graph runs.
         options: more Inductor settings (experiments; part of the cache key).
 
     Raises:

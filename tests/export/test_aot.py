@@ -3,8 +3,8 @@
 The reference is :func:`nas.model.beam_search` on the same weights (itself checked against decoding without the
 cache in ``tests/model/test_decoding.py``): the same tokens, scores within 1e-4 (the compiled kernels sum in other
 orders), for a plain arch and for one with every unified family in the decoder (branches, paths, units, a Prime
-layer's causal-convolution state, HAT's attention over two encoder layers), through both packages (autotuned for
-few rows, ATen's products for many), free-length search (sentences finishing at different steps leave the batch)
+layer's causal-convolution state, HAT's attention over two encoder layers), through both packages (ranking in the graph for
+few rows, from logits for many), free-length search (sentences finishing at different steps leave the batch)
 and fixed-length search (EOS forced at the bound).
 """
 
@@ -30,7 +30,7 @@ MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), (
 MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
                     StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
                               (2, 2), encoder_attention=(2, 2)))
-SMALL_ROWS = 8  # 2 sentences x 3 beams run the autotuned package, 5 x 3 the other
+SMALL_ROWS = 8  # 2 sentences x 3 beams run the package that ranks in its graph, 5 x 3 the other
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
               pytest.mark.slow]  # each package compiles in 10-30 s on 2 cores: out of the inner loop
