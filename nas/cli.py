@@ -360,8 +360,8 @@ def translate_cmd(directory: Path = typer.Argument(..., help="Folder written by 
                                                         help="CPU threads for decoding (default: torch's)."),
                   compiled: bool = typer.Option(False, "--compiled",
                                                 help="Decode with the beam-search step compiled ahead of time "
-                                                     "(AOTInductor, CPU): two packages per model and beam size, "
-                                                     "compiled on first use (about 15 s each), cached in "
+                                                     "(AOTInductor, CPU): the encoder and two step packages per "
+                                                     "beam size, compiled on first use (about 15 s each), cached in "
                                                      "~/.cache/nas/aot or $NAS_AOT_CACHE; "
                                                      "faster at batch 1 (docs/benchmarks.md).")) -> None:
     """Translate source sentences (one a line, UTF-8) from stdin or --input to stdout or --output.

@@ -153,3 +153,10 @@ def test_nas_translate_compiled_writes_the_exports_translations(models, sentence
                                     "-o", str(out)])
     assert done.exit_code == 0, done.output
     assert out.read_text(encoding="utf-8").splitlines() == load_export(models["plain"]).translate(sentences)
+
+
+def test_a_source_longer_than_the_model_reads_is_refused_before_compiling(models, tmp_path):
+    translator = AotTranslator(models["plain"], 3, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="exceeds max_positions=64"):
+        translator.beam_search(torch.ones(1, 65, dtype=torch.long))
+    assert not (tmp_path / "cache").exists()  # nothing compiled, nothing written
