@@ -66,7 +66,7 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
-from nas.export.onnx import _cache_layout, _cross_fn, _EncoderGraph, _run_cache, _sample_src
+from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
 from nas.model.decode import beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
@@ -165,16 +165,16 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     from torch.export import Dim
 
     model = model.eval()
-    entries = _cache_layout(model, arch)
+    entries = cache_layout(model, arch)
     cross = [e for e in entries if e["source"] == "encoder"]
     state = [e for e in entries if e["source"] == "step"]
     graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID, candidates).eval()
     # Example: 3 sentences (3k rows) continuing from 4k rows of a 2-position past, source length 7.
     k, sents = beam_size, 3
-    src = _sample_src(model, sents, 7).repeat_interleave(k, 0)
+    src = sample_src(model, sents, 7).repeat_interleave(k, 0)
     memory, src_pad = model.encode(src, arch)
-    snap = _run_cache(model, arch, _sample_src(model, sents + 1, 7).repeat_interleave(k, 0), 2)[-1]
-    crossed = _cross_fn(model, arch, cross, src)(model, arch, memory, src_pad)
+    snap = run_cache(model, arch, sample_src(model, sents + 1, 7).repeat_interleave(k, 0), 2)[-1]
+    crossed = cross_kv_fn(model, arch, cross, src)(model, arch, memory, src_pad)
     cross_t = tuple(crossed[e["layer"]][e["part"]][e["key"]].contiguous() for e in cross)
     past_t = tuple(snap[e["layer"]][e["part"]][e["key"]].contiguous() for e in state)
     rows = torch.arange(sents * k) + (torch.arange(sents * k) % 2)  # some rows of the 4k, in another order
@@ -209,8 +209,8 @@ def _compile(program: Any, path: Path, options: dict[str, Any]) -> Path:
     return path
 
 
-class _EncoderPackageGraph(_EncoderGraph):
-    """The ONNX export's encoder graph (:class:`nas.export.onnx._EncoderGraph`: ``src [b, s]`` -> ``memory``,
+class _EncoderPackageGraph(EncoderGraph):
+    """The ONNX export's encoder graph (:class:`nas.export.onnx.EncoderGraph`: ``src [b, s]`` -> ``memory``,
     ``src_pad`` and each decoder layer's cross-attention keys/values), its outputs contiguous (the step package
     reads them as inputs, with the strides of its example)."""
 
@@ -231,9 +231,9 @@ def compile_encoder(model: SuperTransformer, arch: Arch, path: str | Path, *,
     from torch.export import Dim
 
     model = model.eval()
-    cross = [e for e in _cache_layout(model, arch) if e["source"] == "encoder"]
-    src = _sample_src(model, 3, 7)
-    graph = _EncoderPackageGraph(model, arch, cross, _cross_fn(model, arch, cross, src)).eval()
+    cross = [e for e in cache_layout(model, arch) if e["source"] == "encoder"]
+    src = sample_src(model, 3, 7)
+    graph = _EncoderPackageGraph(model, arch, cross, cross_kv_fn(model, arch, cross, src)).eval()
     program = torch.export.export(graph, (src,), dynamic_shapes=({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},))
     return _compile(program, Path(path), dict(options or {}))
 
@@ -337,7 +337,7 @@ class AotTranslator:
         self.compile_seconds: dict[bool | str, float] = {}  # small or not, "encoder" -> seconds (this process)
         self._runners: dict[bool, Any] = {}
         self._encoder: Any = None
-        entries = _cache_layout(model, self.arch)
+        entries = cache_layout(model, self.arch)
         self.cross = [e for e in entries if e["source"] == "encoder"]
         self.state = [e for e in entries if e["source"] == "step"]
         self.ban: dict[tuple, torch.Tensor] = {}

@@ -68,7 +68,7 @@ TRANSLATE_SCRIPT = Path(__file__).with_name("translate_onnx.py").read_text(encod
 # ---------------------------------------------------------------------------
 
 
-def _sample_src(model: SuperTransformer, batch: int, src_len: int, seed: int = 0) -> torch.Tensor:
+def sample_src(model: SuperTransformer, batch: int, src_len: int, seed: int = 0) -> torch.Tensor:
     """``[batch, src_len]`` random non-pad ids ending in EOS; row 0 ends in two PADs."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, model.vocab_size - 1, (batch, src_len), generator=g)
@@ -80,7 +80,7 @@ def _sample_src(model: SuperTransformer, batch: int, src_len: int, seed: int = 0
 
 
 @torch.no_grad()
-def _run_cache(model: SuperTransformer, arch: Arch, src: torch.Tensor, steps: int) -> list[list[dict]]:
+def run_cache(model: SuperTransformer, arch: Arch, src: torch.Tensor, steps: int) -> list[list[dict]]:
     """PyTorch greedy steps on ``src``; the cache after each step, as ``[step][layer] {part: {key: tensor}}``."""
     memory, src_pad = model.encode(src, arch)
     cache: list = [{} for _ in model.decoder]
@@ -93,7 +93,7 @@ def _run_cache(model: SuperTransformer, arch: Arch, src: torch.Tensor, steps: in
     return snapshots
 
 
-def _cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
+def cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
     """Discover each cached tensor's axes by running PyTorch at two batch sizes, two source
     lengths and two steps: an axis is ``batch``, ``src_len`` (``"<k>*src_len"`` for the keys/values of a
     cross-attention over the last k encoder layers), ``past_len`` or a fixed size.
@@ -105,9 +105,9 @@ def _cache_layout(model: SuperTransformer, arch: Arch) -> list[dict[str, Any]]:
         RuntimeError: a cached tensor has no single batch axis, step state depends on the source
             length, or no tensor has a time axis.
     """
-    a = _run_cache(model, arch, _sample_src(model, 3, 7), 2)
-    b = _run_cache(model, arch, _sample_src(model, 2, 7), 1)[0]
-    c = _run_cache(model, arch, _sample_src(model, 3, 6), 1)[0]
+    a = run_cache(model, arch, sample_src(model, 3, 7), 2)
+    b = run_cache(model, arch, sample_src(model, 2, 7), 1)[0]
+    c = run_cache(model, arch, sample_src(model, 3, 6), 1)[0]
     entries = []
     for layer, parts in enumerate(a[0]):
         for part in sorted(parts):
@@ -172,7 +172,7 @@ def _cross_direct(model: SuperTransformer, arch: Arch, memory: torch.Tensor, src
     return cache
 
 
-def _cross_fn(model: SuperTransformer, arch: Arch, cross: list[dict], src: torch.Tensor):
+def cross_kv_fn(model: SuperTransformer, arch: Arch, cross: list[dict], src: torch.Tensor):
     """:func:`_cross_direct` where it gives the same tensors as :func:`_cross_by_step`, else the latter."""
     memory, src_pad = model.encode(src, arch)
     reference = _cross_by_step(model, arch, memory, src_pad)
@@ -185,7 +185,7 @@ def _cross_fn(model: SuperTransformer, arch: Arch, cross: list[dict], src: torch
     return _cross_direct if same else _cross_by_step
 
 
-class _EncoderGraph(nn.Module):
+class EncoderGraph(nn.Module):
     """``src [b, s]`` -> ``memory [b, K*s, C]``, ``src_pad [b, s]``, then each ``cross.*`` tensor."""
 
     def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], cross_fn) -> None:
@@ -276,7 +276,7 @@ def _io(session: Any) -> dict[str, list[dict]]:
 def _write_graphs(model: SuperTransformer, arch: Arch, folder: Path, opset: int) -> dict[str, Any]:
     from torch.export import Dim
 
-    entries = _cache_layout(model, arch)
+    entries = cache_layout(model, arch)
     cross = [e for e in entries if e["source"] == "encoder"]
     state = [e for e in entries if e["source"] == "step"]
     dims = {"batch": Dim("batch", min=1), "src_len": Dim("src_len", min=1, max=model.max_positions),
@@ -287,11 +287,11 @@ def _write_graphs(model: SuperTransformer, arch: Arch, folder: Path, opset: int)
     axes = lambda shape: {i: dims[d] for i, d in enumerate(shape) if isinstance(d, str)}
 
     # Example inputs: batch 3, source length 7, past length 2 (distinct, none 0 or 1).
-    src = _sample_src(model, 3, 7)
+    src = sample_src(model, 3, 7)
     memory, src_pad = model.encode(src, arch)
-    snap = _run_cache(model, arch, src, 2)[-1]
+    snap = run_cache(model, arch, src, 2)[-1]
     tensor = lambda e: snap[e["layer"]][e["part"]][e["key"]]
-    encoder = _EncoderGraph(model, arch, cross, _cross_fn(model, arch, cross, src))
+    encoder = EncoderGraph(model, arch, cross, cross_kv_fn(model, arch, cross, src))
     _export_graph(encoder, (src,), ({0: dims["batch"], 1: dims["src_len"]},), ["src"],
                   ["memory", "src_pad", *[e["output"] for e in cross]], folder / "encoder.onnx", opset)
     tokens = torch.full((3, 1), BOS_ID, dtype=torch.long)
