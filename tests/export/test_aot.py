@@ -21,27 +21,13 @@ from nas.export.aot import VARIANTS, AotTranslator, package_key
 from nas.export.folder import Exported
 from nas.model import SuperTransformer, beam_search, extract
 from nas.model.io import save_model
-from nas.space.arch import Arch, StackArch
+from tests.export.archs import MIXED, MIXED_MAXIMA, PLAIN, varied
 
-PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
-MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), ("sequential", "independent")),
-             StackArch((32, 16), (64, 32), (2, 2), (2, 1), ("sequential", "prime"), ((), (3, 5)), (2, 1),
-                       (), ("sequential", "independent"), (2, 1)))
-MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
-                    StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
-                              (2, 2), encoder_attention=(2, 2)))
 SMALL_ROWS = 8  # 2 sentences x 3 beams run the package that ranks in its graph, 5 x 3 the other
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
               pytest.mark.slow]  # each package compiles in 10-30 s on 2 cores: out of the inner loop
 
-
-def _varied(model: SuperTransformer) -> SuperTransformer:
-    """N(0, 0.3) noise on every weight: a fresh model's output repeats one token and would hide a misplaced row."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +51,11 @@ def models(tokenizer, tmp_path_factory) -> dict:
     """The PLAIN export folder (from a saved supernet) and MIXED extracted from a supernet, as ``Exported``."""
     root = tmp_path_factory.mktemp("aot_models")
     torch.manual_seed(0)
-    save_model(_varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64)), root / "sn",
+    save_model(varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64)), root / "sn",
                "supernet")
     plain = export_arch(root / "sn", tokenizer.model_path, PLAIN, root / "plain", beam_size=3)
     torch.manual_seed(1)
-    mixed = extract(_varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64)), MIXED)
+    mixed = extract(varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64)), MIXED)
     return {"plain": plain, "mixed": Exported(mixed.eval(), tokenizer, MIXED, 3)}
 
 

@@ -15,16 +15,8 @@ from nas.model import SuperTransformer
 from nas.model.io import save_model
 from nas.export.onnx import MANIFEST, export_onnx, verify_onnx
 from nas.space.arch import Arch, StackArch
+from tests.export.archs import MIXED, MIXED_MAXIMA, PLAIN, varied
 
-PLAIN = Arch(StackArch((32, 32), (64, 64)), StackArch((32, 32), (64, 64)))
-# (b) branches, paths and units in both stacks; (c) a decoder Prime layer with kernels (causal conv cache);
-# (d) HAT's arbitrary encoder-decoder attention: decoder layer 0 attends to both encoder layers.
-MIXED = Arch(StackArch((32, 32), (64, 64), (2, 1), (2, 1), (), (), (2, 1), (), ("sequential", "independent")),
-             StackArch((32, 16), (64, 32), (2, 2), (2, 1), ("sequential", "prime"), ((), (3, 5)), (2, 1),
-                       (), ("sequential", "independent"), (2, 1)))
-MIXED_MAXIMA = Arch(StackArch((32, 32), (64, 64), (2, 2), (2, 2), (), (), (2, 2)),
-                    StackArch((32, 32), (64, 64), (2, 2), (2, 2), ("sequential", "sequential+prime"), ((), (3, 5)),
-                              (2, 2), encoder_attention=(2, 2)))
 
 # Runs the folder's script in a fresh interpreter; fails if torch or nas got imported.
 _RUN_SCRIPT = """
@@ -41,14 +33,6 @@ print(json.dumps(out))
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # tests/conftest.py
               pytest.mark.slow]  # ONNX exports: 15-35 s on 2 cores, out of the inner loop (pytest -m "not slow")
 
-
-def _varied(model: SuperTransformer) -> SuperTransformer:
-    """Add N(0, 0.3) noise to every weight: a fresh model's greedy output repeats one token,
-    which would hide a misplaced cache row; this one varies with position and source."""
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +51,13 @@ def exports(tokenizer, tmp_path_factory) -> dict:
     """Two ONNX folders: PLAIN from a `nas export` folder (written in place), MIXED from a model."""
     root = tmp_path_factory.mktemp("onnx")
     torch.manual_seed(0)
-    supernet = _varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64))
+    supernet = varied(SuperTransformer(tokenizer.vocab_size, 32, 2, PLAIN, max_positions=64))
     save_model(supernet, root / "sn", "supernet")
     plain = export_arch(root / "sn", tokenizer.model_path, PLAIN, root / "plain", beam_size=2,
                         provenance={"run_id": "abc"})
     export_onnx(plain, plain)
     torch.manual_seed(1)
-    mixed = _varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64))
+    mixed = varied(SuperTransformer(tokenizer.vocab_size, 32, 2, MIXED_MAXIMA, max_positions=64))
     export_onnx(mixed, root / "mixed", spm_model=tokenizer.model_path, arch=MIXED)  # extracts MIXED
     return {"plain": plain, "mixed": root / "mixed"}
 
