@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.ray_count import ENV as RAY_ENV
 from tests.ray_count import RayCounter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +85,7 @@ def xdist_group(nodeid: str) -> str:
     xdist's own ``xdist_group`` marks are not used: with pytest 9.2, xdist 3.8's ``loadgroup`` writes the group into
     a node id field pytest no longer reads, and groups nothing (pytest-dev/pytest-xdist#1386), so
     :func:`pytest_xdist_make_scheduler` schedules by this function instead."""
-    module = nodeid.split("::", 1)[0].split("@", 1)[0]
+    module = nodeid.split("::", 1)[0]
     return POSTGRES_GROUP if module in POSTGRES_MODULES else module
 
 
@@ -120,11 +119,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if XDIST_WORKER and os.environ.get(RAY_ENV):  # the controller's folder, one subfolder a worker: Ray finds no
-        worker_root = Path(os.environ[RAY_ENV]) / XDIST_WORKER  # cluster of the other worker's (ray_current_cluster)
-        worker_root.mkdir(exist_ok=True)
-        os.environ[RAY_ENV] = str(worker_root)
-    config.stash[_RAY_COUNTER] = RayCounter()  # sets RAY_TMPDIR before any test starts Ray
+    config.stash[_RAY_COUNTER] = RayCounter(worker=XDIST_WORKER)  # sets RAY_TMPDIR before any test starts Ray
     if XDIST_WORKER:  # 2 workers of 2 intra-op threads each on 2 cores: in-process training ran 3-5x as long
         # (10.7 s -> 53.3 s for test_trainer's unified-space steps, 2026-12-04): 1 thread in each worker, and in the
         # `nas` subprocesses it starts, so that a run in the test's process and one in a subprocess sum in the same

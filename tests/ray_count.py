@@ -44,13 +44,24 @@ class RayCounts:
 
 class RayCounter:
     """Points :data:`ENV` at a fresh folder for this process and its children (or keeps one already set, counting
-    only the sessions created after this call); :meth:`counts` reads the folder, :meth:`close` removes an own one."""
+    only the sessions created after this call); :meth:`counts` reads the folder, :meth:`close` removes an own one.
 
-    def __init__(self) -> None:
+    ``worker`` (a pytest-xdist worker id, ``gw0``, ...) with :data:`ENV` already set (by xdist's controller, whose
+    counter the workers inherit): the worker's Ray gets the subfolder ``<ENV>/<worker>``, so that neither worker's
+    Ray finds the other's cluster (``ray_current_cluster``) and the controller still counts both."""
+
+    def __init__(self, worker: str | None = None) -> None:
         preset = os.environ.get(ENV)
         self.owned = not preset
         # short, under /tmp: Ray's socket paths (<tmp>/ray/session_.../sockets/plasma_store) must fit in 107 bytes
         self.root = Path(preset) if preset else Path(tempfile.mkdtemp(prefix="nas-ray-", dir="/tmp"))
+        if worker and preset:
+            if not worker.startswith(XDIST_PREFIX):
+                raise ValueError(f"worker {worker!r}: an xdist worker id starts with {XDIST_PREFIX!r} (gw0, gw1, ...), "
+                                 "or pass None outside xdist")
+            self.root = self.root / worker
+            self.root.mkdir(exist_ok=True)
+            self.owned = False  # the controller removes its folder, this one with it
         os.environ[ENV] = str(self.root)
         self.before = set(self._sessions())
 

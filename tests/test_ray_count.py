@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from tests.ray_count import ENV, RayCounter
 
 
@@ -49,3 +51,23 @@ def test_counts_the_sessions_of_the_xdist_workers_subfolders_too(tmp_path, monke
     assert (counts.starts, counts.sweeps, counts.experiments) == (2, 1, 2)
     assert counter.sessions_with_tune() == {tmp_path / "gw0" / "ray" / "session_a_1"}
     counter.close()
+
+
+def test_an_xdist_worker_gets_its_own_subfolder_and_the_controller_counts_it(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, str(tmp_path))  # as xdist's controller set it before starting the worker
+    worker = RayCounter(worker="gw1")
+    assert worker.root == tmp_path / "gw1" and worker.root.is_dir() and os.environ[ENV] == str(tmp_path / "gw1")
+    monkeypatch.setenv(ENV, str(tmp_path))
+    controller = RayCounter()
+    _session(tmp_path / "gw1", "session_w_1", 1)
+    assert worker.counts().sweeps == 1 and controller.counts().sweeps == 1
+    worker.close()
+    assert worker.root.is_dir()  # the controller's folder: the worker leaves it to the controller
+    monkeypatch.delenv(ENV)
+    alone = RayCounter(worker="gw0")  # no controller's folder: a fresh folder of its own, as outside xdist
+    assert alone.owned and alone.root.name.startswith("nas-ray-")
+    alone.close()
+    assert not alone.root.exists()
+    monkeypatch.setenv(ENV, str(tmp_path))
+    with pytest.raises(ValueError, match="gw0"):
+        RayCounter(worker="w0")
