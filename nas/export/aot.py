@@ -81,9 +81,12 @@ class _BeamStepGraph(nn.Module):
     gathered by ``rows``, then log-softmax, the banned tokens, the length limit and
     :func:`~nas.model.decode.beam_candidates`.
 
-    ``forward(tokens [n*k, 1], rows [n*k], scores [n, k], ban [V], limit [n], eos_zero [], memory [n*k, K*s, C],
-    src_pad [n*k, s], cross, past)`` -> the seven tensors of ``beam_candidates``, then the new state (``present``,
-    ``n*k`` rows, one position longer). ``rows[i]`` is the row of ``past`` that hypothesis ``i`` continues;
+    ``forward(tokens [n*k, 1 + t], rows [n*k], scores [n, k], ban [V], limit [n], eos_zero [], memory [n*k, K*s, C],
+    src_pad [n*k, s], cross, past)`` -> the seven tensors of ``beam_candidates``, then what
+    :func:`nas.model.decode.search` computes from them when every sentence goes on (``src_rows [n*k]``, ``eos_any
+    []``, the grown token history ``[n*k, 2 + t]``: about 10 Python ops a step less, module docstring), then the new
+    state (``present``, ``n*k`` rows, one position longer). ``tokens`` is each hypothesis's token history (the newest
+    last); ``rows[i]`` is the row of ``past`` that hypothesis ``i`` continues;
     ``ban`` is 0 or ``-inf`` per token (added: the same values as the eager search's ``index_fill_``); where
     ``limit`` is True every token but EOS gets ``-inf`` and EOS keeps its log-probability, or 0 with ``eos_zero``
     (the eager search's forcing, :func:`nas.model.decode.search`).
@@ -104,6 +107,7 @@ class _BeamStepGraph(nn.Module):
     def forward(self, tokens: torch.Tensor, rows: torch.Tensor, scores: torch.Tensor, ban: torch.Tensor,
                 limit: torch.Tensor, eos_zero: torch.Tensor, memory: torch.Tensor, src_pad: torch.Tensor,
                 cross: tuple[torch.Tensor, ...], past: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        history, tokens = tokens, tokens[:, -1:]  # [n*k, 1 + t] -> the newest token [n*k, 1]
         past = tuple(p.index_select(axis, rows) for p, axis in zip(past, self.axes))
         cache: list[dict] = [{} for _ in self.model.decoder]
         for e, t in (*zip(self.cross, cross), *zip(self.state, past)):
@@ -123,7 +127,13 @@ class _BeamStepGraph(nn.Module):
         eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
         forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
         lprobs = torch.where(limit[:, None, None], forced, lprobs)
-        return (*beam_candidates(lprobs, scores, self.eos_id, blocked=True), *present)
+        cands = beam_candidates(lprobs, scores, self.eos_id, blocked=True)
+        # search's bookkeeping when every sentence goes on (nas.model.decode.search, ``continued``): the rows the
+        # k best non-EOS candidates continue, whether an EOS ranks among a sentence's first k, the grown history
+        n, k = scores.shape
+        src_rows = (cands[5] + torch.arange(n, device=scores.device)[:, None] * k).reshape(-1)  # [n*k]
+        grown = torch.cat([history.index_select(0, src_rows), cands[6].reshape(-1, 1)], 1)  # [n*k, 2 + t]
+        return (*cands, src_rows, cands[3][:, :k].any(), grown, *present)
 
 
 def default_cache_dir() -> Path:
@@ -180,13 +190,14 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     rows = torch.arange(sents * k) + (torch.arange(sents * k) % 2)  # some rows of the 4k, in another order
     ban = torch.zeros(model.vocab_size)
     ban[[PAD_ID, BOS_ID]] = float("-inf")
-    args = (torch.full((sents * k, 1), BOS_ID, dtype=torch.long), rows, torch.zeros(sents, k), ban,
+    history = torch.full((sents * k, 3), BOS_ID, dtype=torch.long)  # BOS and the 2 tokens of the past
+    args = (history, rows, torch.zeros(sents, k), ban,
             torch.tensor([False, True, False]), torch.tensor(False), memory.contiguous(), src_pad.contiguous(),
             cross_t, past_t)
     dyn, n = Dim.DYNAMIC, Dim("sentences", min=1, max=1 << 20)
     nk = n if k == 1 else k * n  # rows: one per hypothesis (derived, so that [n*k] views as [n, k] exactly)
     axes = lambda shape, batch: {i: (batch if d == "batch" else dyn) for i, d in enumerate(shape) if isinstance(d, str)}
-    shapes = ({0: nk}, {0: nk}, {0: n}, None, {0: n}, None, {0: nk, 1: dyn}, {0: nk, 1: dyn},
+    shapes = ({0: nk, 1: dyn}, {0: nk}, {0: n}, None, {0: n}, None, {0: nk, 1: dyn}, {0: nk, 1: dyn},
               tuple(axes(e["shape"], nk) for e in cross), tuple(axes(e["shape"], dyn) for e in state))
     program = torch.export.export(graph, args, dynamic_shapes=shapes)
     options = dict(options or {})  # more Inductor settings
@@ -265,14 +276,14 @@ class _AotStepper:
         if limit is None:
             limit = self.no_limit[len(at_limit)] = torch.zeros(len(at_limit), dtype=torch.bool)
         # the package's flat calling convention: the inputs in the exported order, no pytree (a list it may empty)
-        out = self.run([tokens[:, -1:].contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
+        out = self.run([tokens.contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
                         limit, self.flags[eos_zero], self.memory, self.src_pad, *self.cross, *self.past])
         self.rows = self.identity.get(n)  # no reorder unless search asks for one
         if self.rows is None:
             self.rows = self.identity[n] = torch.arange(n)
         if self.candidates:
-            self.past = out[7:]
-            return None, tuple(out[:7])
+            self.past = out[10:]
+            return None, tuple(out[:10])
         logits, lse, block_max, self.past = out[0], out[1], out[2], out[3:]  # see _BeamStepGraph
         if any(at_limit):  # the search forces EOS on the log-probabilities (once a sentence)
             lprobs = torch.log_softmax(logits, dim=-1).view(scores.size(0), scores.size(1), -1)
