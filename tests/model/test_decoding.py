@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from nas.model import SuperTransformer, beam_search
-from nas.model.decode import IncrementalDecoder
+from nas.model.decode import IncrementalDecoder, beam_candidates, search
 from nas.space.arch import Arch, StackArch
 
 V, C, H = 37, 16, 2
@@ -208,3 +208,65 @@ def test_min_len_holds_back_eos_until_then_and_fixes_the_length_with_an_equal_bo
     assert [len(h) for h in fixed] == [8] * src.size(0) and eos not in {t for h in fixed for t in h}
     assert fixed == uncached
     assert min(map(len, held)) >= 3
+
+
+class _ContinuingStepper:
+    """A stepper for :func:`nas.model.decode.search` that returns, as the compiled step of ``nas.export.aot`` does,
+    the candidates and what the search derives from them while every sentence goes on: the rows to continue, whether
+    an EOS ranks among a sentence's first k, the grown token history. Those three are computed here by loops over
+    the sentences and beams, not by the search's tensor code; ``corrupt`` replaces the history with zeros but the
+    newest token (what a search that reads it must then get wrong)."""
+
+    def __init__(self, model, arch, src, k: int, eos_id: int, corrupt: bool = False) -> None:
+        memory, pad = model.encode(src, arch)
+        rows = torch.arange(src.size(0)).repeat_interleave(k)
+        self.decoder = IncrementalDecoder(model, memory.index_select(0, rows), pad.index_select(0, rows), arch)
+        self.eos_id, self.corrupt, self.extras = eos_id, corrupt, 0
+
+    def step(self, tokens, scores, banned, at_limit, eos_zero):
+        n, k = scores.shape
+        lprobs = torch.log_softmax(self.decoder.step(tokens[:, -1:]).float(), -1).view(n, k, -1)
+        lprobs.index_fill_(2, banned, float("-inf"))
+        for i in (i for i, at in enumerate(at_limit) if at):  # only EOS, with its log-probability (0 with eos_zero)
+            eos = torch.zeros(k) if eos_zero else lprobs[i, :, self.eos_id].clone()
+            lprobs[i] = float("-inf")
+            lprobs[i, :, self.eos_id] = eos
+        cands = beam_candidates(lprobs, scores, self.eos_id)
+        next_beam, next_tok, is_eos = cands[5].tolist(), cands[6].tolist(), cands[3].tolist()
+        src_rows = [i * k + next_beam[i][j] for i in range(n) for j in range(k)]
+        history = tokens.tolist()
+        # hypothesis i*k + j continues row src_rows[i*k + j] with token next_tok[i][j]
+        grown = [([0] * len(history[r]) if self.corrupt else history[r]) + [next_tok[h // k][h % k]]
+                 for h, r in enumerate(src_rows)]
+        self.extras += 1
+        return None, (*cands, torch.tensor(src_rows), torch.tensor(any(any(row[:k]) for row in is_eos)),
+                      torch.tensor(grown))
+
+    def reorder(self, src_rows, sent_rows):
+        self.decoder.reorder(src_rows, sent_rows)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_search_takes_the_rows_eos_test_and_history_a_stepper_returns(beam_size):
+    """A stepper that returns the search's bookkeeping while every sentence goes on (the compiled decoder's) gets
+    the eager search's hypotheses and scores, as sentences finish at different steps; a wrong history changes the
+    hypotheses, so the search reads what the stepper returns."""
+    name = "multi-branch (MAT)"
+    arch, src = ARCHS[name][0], _src()
+    kw = dict(max_len_a=1.0, max_len_b=4, len_penalty=0.6)
+    with torch.no_grad():
+        model, eos = _varied_search(name, src, beam_size=beam_size, **kw)
+        want = beam_search(model, src, arch, beam_size=beam_size, eos_id=eos, return_scores=True, **kw)
+        src_len = (src != model.pad_id).sum(1)
+        max_len = torch.clamp((src_len.float() * kw["max_len_a"] + kw["max_len_b"]).long(),
+                              max=model.max_positions - 1).tolist()
+        got = {}
+        for corrupt in (False, True):
+            stepper = _ContinuingStepper(model, arch, src, beam_size, eos, corrupt)
+            got[corrupt] = search(stepper, src.size(0), max_len, beam_size=beam_size, vocab=model.vocab_size,
+                                  pad_id=model.pad_id, bos_id=2, eos_id=eos, len_penalty=kw["len_penalty"], min_len=0,
+                                  return_scores=True, device="cpu")
+            assert stepper.extras > 0
+    assert got[False][0] == want[0] and got[False][1] == pytest.approx(want[1], abs=1e-6)
+    assert len(set(map(len, want[0]))) > 1, "sentences should finish at different steps"
+    assert got[True][0] != want[0]
