@@ -46,7 +46,7 @@ import optuna
 from optuna.trial import TrialState
 
 from nas.space import SweepSpec
-from nas.space.space import DECODER_ONLY, ORDER, SearchSpace, param_label
+from nas.space.space import ORDER, SearchSpace, param_label
 
 __all__ = ["LEVEL1_SUFFIX", "PREDICTED_METRICS", "gene_choices", "suggest_genes", "level1_directions", "nsga2_sampler",
            "GuardedConstraint", "latency_margin", "predicted_constraints", "select_level2", "nondominated_fronts",
@@ -68,7 +68,8 @@ PREDICTED_METRICS = ("latency_ms", "latency_ratio")
 def gene_choices(space: SearchSpace) -> dict[str, list[Any]]:
     """Every Optuna parameter of ``space`` with its labels, sized for the deepest stack (HAT's fixed-length
     genes): ``encoder.width.2`` exists even where the encoder chooses 2 layers, and conditional choices
-    (``kernels`` only ``when: {layout: prime}``) are genes everywhere. Single-value choices are no genes.
+    (``kernels`` only ``when: {layout: prime}``) are genes everywhere. Single-value choices are no genes, nor are
+    the dimensions of a stack that does not choose them (``space.<name>.stacks``, :meth:`SearchSpace.chosen_in`).
     :meth:`SearchSpace.from_params` reads the genes an arch needs and ignores the inert ones."""
     genes: dict[str, list[Any]] = {}
     if len(space.model_widths) > 1:
@@ -79,7 +80,7 @@ def gene_choices(space: SearchSpace) -> dict[str, list[Any]]:
         deepest = max(space.layers[stack])
         for name in ORDER:
             values = space.dims[name]
-            if name in space.tie or len(values) < 2 or (stack == "encoder" and name in DECODER_ONLY):
+            if name in space.tie or len(values) < 2 or not space.chosen_in(stack, name):
                 continue
             labels = [param_label(v) for v in values]
             if space.per_layer[name]:

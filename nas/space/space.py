@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from nas.space.arch import LAYOUTS, Arch, StackArch
 from nas.space.params import ModelSizes, arch_params
 from nas.space.schema import ArchPoint, Dimension, SweepSpec
+from nas.space.schema.space import DECODER_ONLY, STACKS, dimension_stacks
 
 if TYPE_CHECKING:  # optuna stays out of the model/trainer import path
     import optuna
@@ -24,10 +25,9 @@ ORDER = ("layout", "units", "width", "ffn_width", "branches", "paths", "kernels"
 """Per-layer choices in the order they are made (a condition refers to an earlier one)."""
 INACTIVE = {"branches": 1, "paths": 1, "layout": "sequential", "kernels": (), "units": 1, "unit_bias": "identity",
             "unit_dependency": "independent", "encoder_attention": 1}
-"""The value a conditional dimension takes where its ``when`` does not hold."""
-DECODER_ONLY = ("encoder_attention",)
-"""Dimensions only decoder layers choose (HAT's arbitrary encoder-decoder attention); encoder layers take their
-:data:`INACTIVE` value and Optuna is never asked for ``encoder.<name>``."""
+"""The value a conditional dimension takes where its ``when`` does not hold, and in a stack that does not choose it
+(``space.<name>.stacks``; the widths there: :attr:`SearchSpace.excluded`). :data:`DECODER_ONLY` (from the schema)
+names the dimensions only decoder layers choose, whatever their ``stacks``."""
 
 
 STRING_DIMENSIONS = ("layout", "unit_bias", "unit_dependency")
@@ -79,6 +79,11 @@ class SearchSpace:
 
     ``sizes`` are the supernet's fixed sizes (:class:`~nas.space.params.ModelSizes`) that parameter counts
     (:meth:`params`, :meth:`middle`) need; :meth:`from_spec` sets them.
+
+    ``stacks[name]`` are the stacks whose layers choose dimension ``name`` (``space.<name>.stacks``); a name not
+    listed is chosen in both, except the decoder-only ``encoder_attention`` (:meth:`chosen_in`). In the other
+    stack every layer takes ``excluded[name]``, else :data:`INACTIVE`'s value (:meth:`excluded_value`), and
+    Optuna has no parameter ``<stack>.<name>...`` there.
     """
 
     layers: Mapping[str, tuple[int, ...]]
@@ -88,6 +93,8 @@ class SearchSpace:
     model_widths: tuple[int | None, ...] = (None,)
     tie: Mapping[str, int] = field(default_factory=dict)
     sizes: ModelSizes | None = None
+    stacks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    excluded: Mapping[str, Any] = field(default_factory=dict)
 
     MIDDLE_EXHAUSTIVE = 4096
     """Spaces of at most this many archs (:meth:`size`) are searched exhaustively by :meth:`middle`."""
@@ -125,27 +132,49 @@ class SearchSpace:
         values["unit_bias"] = tuple(dims["unit_bias"].values)
         values["unit_dependency"] = tuple(dims["unit_dependency"].values)
         values["kernels"] = tuple(sorted((tuple(sorted(v)) for v in dims["kernels"].values), key=lambda k: (len(k), k)))
+        stacks = {n: dimension_stacks(n, getattr(sp, n, None)) for n in ORDER}
+        excluded = {"width": sn.model_dim, "ffn_width": defaults["ffn_width"].values[0]}
         space = cls(layers=layers, dims=values, per_layer={n: d.per_layer for n, d in dims.items()},
                     when={n: next(iter(d.when.items())) if d.when else None for n, d in dims.items()},
-                    model_widths=model_widths, tie=tie)
+                    model_widths=model_widths, tie=tie,
+                    stacks={n: s for n, s in stacks.items() if s != STACKS}, excluded=excluded)
         return dataclasses.replace(space, sizes=ModelSizes.from_spec(spec, space.supernet_maxima(spec)))
 
     def supernet_maxima(self, spec: SweepSpec) -> Arch:
         """The supernet's per-layer maxima: its depth, model_dim-wide attention, widest FFN,
         most branches and paths, the layouts it supports and its kernel sizes; in the decoder the most encoder
-        layers attended (no parameters: the bound :meth:`Arch.check_within` holds sub-Transformers to)."""
+        layers attended (no parameters: the bound :meth:`Arch.check_within` holds sub-Transformers to). A stack
+        that does not choose a dimension (:attr:`stacks`) holds only its fixed value: with ``branches: {stacks:
+        [encoder]}`` the decoder's layers have one branch, whatever ``supernet.branches`` says."""
         sn = spec.supernet
-        ffn = sn.ffn_width or max(self.dims["ffn_width"])
-        branches = sn.branches or max(self.dims["branches"])
-        paths = sn.paths or max(self.dims["paths"])
-        layout = "+".join(self.dims["layout"])
-        kernels = tuple(sorted(set(sn.kernels) | {k for ks in self.dims["kernels"] for k in ks}))
-        units = sn.units or max(self.dims["units"])
-        stack = lambda n: StackArch((sn.model_dim,) * n, (ffn,) * n, (branches,) * n, (paths,) * n, (layout,) * n,
-                                    (kernels,) * n, (units,) * n)
-        decoder = dataclasses.replace(stack(sn.decoder_layers),
-                                      encoder_attention=(max(self.dims["encoder_attention"]),) * sn.decoder_layers)
-        return Arch(stack(sn.encoder_layers), decoder)
+        top = {"width": sn.model_dim, "ffn_width": sn.ffn_width or max(self.dims["ffn_width"]),
+               "branches": sn.branches or max(self.dims["branches"]), "paths": sn.paths or max(self.dims["paths"]),
+               "layout": "+".join(self.dims["layout"]),
+               "kernels": tuple(sorted(set(sn.kernels) | {k for ks in self.dims["kernels"] for k in ks})),
+               "units": sn.units or max(self.dims["units"]), "encoder_attention": max(self.dims["encoder_attention"])}
+
+        def stack(name: str, n: int) -> StackArch:
+            layer = {d: top[d] if self.chosen_in(name, d) else self.excluded_value(d) for d in top}
+            if "prime" not in layer["layout"].split("+"):  # kernels only in Prime layers
+                layer["kernels"] = ()
+            return StackArch(**{d: (v,) * n for d, v in layer.items()})
+
+        return Arch(stack("encoder", sn.encoder_layers), stack("decoder", sn.decoder_layers))
+
+    def chosen_in(self, stack: str, name: str) -> bool:
+        """Whether the layers of ``stack`` (``encoder`` or ``decoder``) choose dimension ``name``
+        (``space.<name>.stacks``; ``encoder_attention``: the decoder only)."""
+        return stack in self.stacks.get(name, ("decoder",) if name in DECODER_ONLY else STACKS)
+
+    def excluded_value(self, name: str) -> Any:
+        """The value every layer of a stack that does not choose dimension ``name`` takes: :data:`INACTIVE`'s (one
+        branch, sequential, no kernels, ...), for the widths the supernet's (``supernet.model_dim``,
+        ``supernet.ffn_width``)."""
+        return self.excluded[name] if name in self.excluded else INACTIVE[name]
+
+    def _stack_values(self, stack: str, name: str) -> tuple[Any, ...]:
+        """The values layers of ``stack`` can take for ``name``: its choices, or the one excluded value."""
+        return self.dims[name] if self.chosen_in(stack, name) else (self.excluded_value(name),)
 
     def _active(self, name: str, layer: dict[str, Any]) -> bool:
         cond = self.when[name]
@@ -169,7 +198,9 @@ class SearchSpace:
                 for name in ORDER:
                     if name in self.tie:
                         layer[name] = model_width * self.tie[name]
-                    elif (stack == "encoder" and name in DECODER_ONLY) or not self._active(name, layer):
+                    elif not self.chosen_in(stack, name):
+                        layer[name] = self.excluded_value(name)
+                    elif not self._active(name, layer):
                         layer[name] = INACTIVE[name]
                     elif self.per_layer[name]:
                         layer[name] = pick(f"{stack}.{name}.{i}", self.dims[name])
@@ -412,6 +443,10 @@ class SearchSpace:
                 dim = parts[1]
                 if dim in self.tie:
                     return f"{name}: {dim} is tied to model_width, not a choice"
+                if not self.chosen_in(parts[0], dim):
+                    return (f"{name}: {parts[0]} layers do not choose {dim} in this space (space.{dim}.stacks is "
+                            f"{[s for s in STACKS if self.chosen_in(s, dim)]}; they take "
+                            f"{_label(self.excluded_value(dim))!r}); remove {name}")
                 if self.per_layer[dim] != (len(parts) == 3):
                     form = f"{parts[0]}.{dim}.LAYER" if self.per_layer[dim] else f"{parts[0]}.{dim}"
                     return f"{name}: {dim} is chosen {'per layer' if self.per_layer[dim] else 'per stack'}; write {form}"
@@ -474,11 +509,15 @@ class SearchSpace:
             for f in dataclasses.fields(ours):
                 for i, (v, w) in enumerate(zip(getattr(ours, f.name), getattr(theirs, f.name))):
                     if v != w:
-                        return f"{stack}.{f.name}.{i}={_label(v)!r}: {self._fixed_why(f.name, _label(w))}"
+                        return f"{stack}.{f.name}.{i}={_label(v)!r}: {self._fixed_why(f.name, _label(w), stack)}"
         return f"{arch.summary()} is not an arch of this space"
 
-    def _fixed_why(self, dim: str, value: Any) -> str:
-        """What the space has where a hand-written arch differs from it (``value``, the space's label), and why."""
+    def _fixed_why(self, dim: str, value: Any, stack: str) -> str:
+        """What the space has where a hand-written arch differs from it (``value``, the space's label, in a layer of
+        ``stack``), and why."""
+        if dim in self.dims and not self.chosen_in(stack, dim):
+            return (f"space.{dim}.stacks is {[s for s in STACKS if self.chosen_in(s, dim)]}, so every {stack} layer "
+                    f"has {dim} {value!r}; change the arch, or add {stack} to space.{dim}.stacks")
         if dim in self.tie:
             return f"{dim} is tied to model_width in this space ({self.tie[dim]} x model_width = {value!r})"
         values = [_label(v) for v in self.dims.get(dim, ())]
@@ -500,11 +539,10 @@ class SearchSpace:
 
     def _layer_count(self, stack: str) -> int:
         """Distinct choices of one layer of ``stack`` from its per-layer dimensions (exact with conditions)."""
-        per = [n for n in ORDER if self.per_layer[n] and n not in self.tie
-               and not (stack == "encoder" and n in DECODER_ONLY)]
+        per = [n for n in ORDER if self.per_layer[n] and n not in self.tie and self.chosen_in(stack, n)]
         referenced = sorted({self.when[n][0] for n in per if self.when[n]})
         total = 0
-        for combo in itertools.product(*(self.dims[r] for r in referenced)):
+        for combo in itertools.product(*(self._stack_values(stack, r) for r in referenced)):
             layer = dict(zip(referenced, combo))
             count = 1
             for name in per:
@@ -519,7 +557,7 @@ class SearchSpace:
         for stack in ("encoder", "decoder"):
             per_layer = self._layer_count(stack)
             per_stack = math.prod(len(self.dims[n]) for n in ORDER if not self.per_layer[n] and n not in self.tie
-                                  and not (stack == "encoder" and n in DECODER_ONLY))
+                                  and self.chosen_in(stack, n))
             total *= sum(per_stack * per_layer ** n for n in self.layers[stack])
         return total
 
@@ -539,7 +577,8 @@ class SearchSpace:
             cond = f", when {self.when[name][0]}={self.when[name][1]}" if self.when[name] else ""
             values = [list(v) if isinstance(v, tuple) else v for v in self.dims[name]]
             scope = ("per layer" if self.per_layer[name] else "per stack") + cond
-            rows.append((name, str(values), scope.replace("per ", "per decoder ", 1) if name in DECODER_ONLY else scope))
+            only = [s for s in STACKS if self.chosen_in(s, name)]
+            rows.append((name, str(values), scope.replace("per ", f"per {only[0]} ", 1) if len(only) == 1 else scope))
         return rows
 
 

@@ -14,7 +14,13 @@ from nas.space.arch import DEPENDENCIES, LAYOUTS, UNIT_BIASES
 from nas.space.schema.base import StrictModel
 from nas.space.schema.supernet import SupernetSpec
 
-__all__ = ["Dimension", "SpaceSpec", "check_space"]
+__all__ = ["STACKS", "DECODER_ONLY", "Dimension", "SpaceSpec", "check_space", "dimension_stacks"]
+
+STACKS = ("encoder", "decoder")
+"""The two stacks of a sub-Transformer; a dimension is chosen in both unless its ``stacks`` says otherwise."""
+DECODER_ONLY = ("encoder_attention",)
+"""Dimensions only decoder layers choose (HAT's arbitrary encoder-decoder attention): their ``stacks`` is
+``[decoder]`` whether the YAML says so or not; ``stacks: [encoder]`` (or both) is refused."""
 
 
 class Dimension(StrictModel):
@@ -31,7 +37,17 @@ class Dimension(StrictModel):
     when: dict[str, int | str | list[int | str]] | None = None
     """Condition on another per-layer dimension of the same layer, e.g. ``{layout: prime}`` or
     ``{units: [2, 3]}`` (any of the values); where it does not hold the dimension takes its
-    inactive value (1 branch/path/unit, no kernels, identity bias, independent units)."""
+    inactive value (1 branch/path/unit, no kernels, identity bias, independent units). In a stack that
+    does not choose the referred dimension (its ``stacks``), the condition is tested on that dimension's
+    inactive value (a decoder layer of ``layout: {stacks: [encoder]}`` is sequential)."""
+    stacks: list[Literal["encoder", "decoder"]] | None = None
+    """The stacks whose layers choose this dimension, ``[encoder]`` or ``[decoder]``; default: both
+    (``encoder_attention``: the decoder only, :data:`DECODER_ONLY`). Every layer of the other stack takes the
+    dimension's inactive value (1 branch/path/unit, sequential layout, no kernels, independent units; widths:
+    ``supernet.model_dim`` and ``supernet.ffn_width``) and Optuna is asked no parameter for it there, e.g.
+    ``branches: {values: [1, 2], per_layer: true, stacks: [encoder]}`` keeps the decoder at one branch.
+    :func:`check_space` refuses an empty or repeating list, ``stacks`` on a depth, ``model_width`` or a tied
+    width, and any ``stacks`` of ``encoder_attention`` other than ``[decoder]``."""
 
     @model_validator(mode="after")
     def _one_source(self) -> "Dimension":
@@ -79,8 +95,8 @@ def check_space(sp: SpaceSpec, sn: SupernetSpec) -> None:
     """Check the ``space:`` section's choices against each other and against the ``supernet:`` section ``sn``:
     no ``space.unit_bias``, an FFN width from one of them, odd ``supernet.kernels``, every dimension's values
     (distinct, known names, integers within the supernet's maxima, widths divisible by the head width), ties,
-    ``when`` conditions, Prime layers' paths and kernels, ``model_width``, and ``encoder_attention`` (integers from 1
-    to the deepest encoder).
+    ``when`` conditions, ``stacks`` (:func:`dimension_stacks`), Prime layers' paths and kernels, ``model_width``, and
+    ``encoder_attention`` (integers from 1 to the deepest encoder, decoder layers only).
 
     Raises:
         ValueError: the first problem, naming the key (``space.<dimension>...`` or ``supernet.<key>``) and the fix.
@@ -108,6 +124,7 @@ def check_space(sp: SpaceSpec, sn: SupernetSpec) -> None:
         dim = getattr(sp, key)
         if dim is None:
             continue
+        _check_stacks(key, dim)
         if dim.tie is not None:
             _check_tie(key, dim, sp, *limits.get(key, (None, None)), head_dim=sn.head_width)
             continue
@@ -135,6 +152,36 @@ def check_space(sp: SpaceSpec, sn: SupernetSpec) -> None:
         if sn.io_projection is False:
             raise ValueError("space.model_width needs the input/output projections of Scalable Transformers eq. 3: "
                              "set supernet.io_projection: true (or leave it out)")
+
+
+def dimension_stacks(key: str, dim: "Dimension | None") -> tuple[str, ...]:
+    """The stacks whose layers choose dimension ``key`` of ``space:``, in :data:`STACKS` order: ``dim.stacks`` when
+    given, else :data:`STACKS` (``encoder_attention``: ``("decoder",)``). ``dim`` may be None (a dimension the YAML
+    leaves out). No checks: :func:`check_space` refuses bad ``stacks``."""
+    if dim is not None and dim.stacks:
+        return tuple(s for s in STACKS if s in dim.stacks)
+    return ("decoder",) if key in DECODER_ONLY else STACKS
+
+
+def _check_stacks(key: str, dim: "Dimension") -> None:
+    """``space.<key>.stacks``: a non-empty list of distinct stacks, on a dimension that layers choose; the decoder
+    only for :data:`DECODER_ONLY` dimensions."""
+    if dim.stacks is None:
+        return
+    if not dim.stacks:
+        raise ValueError(f"space.{key}.stacks is empty; list the stacks whose layers choose {key}, e.g. "
+                         f"`stacks: [encoder]`, or remove stacks (both stacks choose it)")
+    if len(set(dim.stacks)) != len(dim.stacks):
+        raise ValueError(f"space.{key}.stacks={dim.stacks} repeats a stack; list each of encoder, decoder once")
+    if key in ("encoder_layers", "decoder_layers", "model_width"):
+        scope = "one stack's depth" if key != "model_width" else "one choice per sub-Transformer"
+        raise ValueError(f"space.{key}.stacks: {key} is {scope}, not a choice of a stack's layers; remove stacks")
+    if dim.tie is not None:
+        raise ValueError(f"space.{key}.stacks: a tied {key} is model_width x scale in every layer of both stacks; "
+                         f"remove stacks, or give `values` instead of `tie`")
+    if key in DECODER_ONLY and list(dimension_stacks(key, dim)) != ["decoder"]:
+        raise ValueError(f"space.{key}.stacks={dim.stacks}: only decoder layers choose {key} (their cross-attention "
+                         f"reads the encoder); write `stacks: [decoder]` or remove stacks")
 
 
 def _check_ints(key: str, values: list, limit_key: str, limit: int | None, head_dim: int) -> None:
@@ -205,17 +252,29 @@ def _check_kernels(values: list, available: list[int], layout: "Dimension | None
 
 
 def _check_prime_conditions(sp: "SpaceSpec") -> None:
-    """Prime layers have one path and sequential layers no kernels: the YAML must say so with ``when``."""
+    """Prime layers have one path and sequential layers no kernels, one unit neither bias nor dependency: the YAML
+    must say so with ``when``. A stack that does not choose ``layout`` (``units``) has sequential layers (one unit)."""
     layouts = sp.layout.values if sp.layout else ["sequential"]
-    if "prime" in layouts and sp.paths and len(sp.paths.values) > 1 and sp.paths.when != {"layout": "sequential"}:
+    layout_stacks = dimension_stacks("layout", sp.layout)
+    prime_in = {s for s in layout_stacks if "prime" in layouts}
+    sequential_in = {s for s in STACKS if s not in layout_stacks or "sequential" in layouts}
+    if sp.paths and len(sp.paths.values) > 1 and sp.paths.when != {"layout": "sequential"} \
+            and prime_in & set(dimension_stacks("paths", sp.paths)):
         raise ValueError("space.paths: a Prime layer has one path; add `when: {layout: sequential}` to space.paths")
-    if "sequential" in layouts and sp.kernels and sp.kernels.when != {"layout": "prime"} \
-            and any(v for v in sp.kernels.values):
-        raise ValueError("space.kernels: sequential layers have no convolution; add `when: {layout: prime}` to space.kernels")
+    if sp.kernels and any(v for v in sp.kernels.values):
+        kernel_stacks = set(dimension_stacks("kernels", sp.kernels))
+        if not prime_in & kernel_stacks:
+            raise ValueError(f"space.kernels.stacks={sorted(kernel_stacks)}: no layer there can be Prime "
+                             f"(space.layout.stacks={list(layout_stacks)}); give both the same stacks")
+        if sp.kernels.when != {"layout": "prime"} and sequential_in & kernel_stacks:
+            raise ValueError("space.kernels: sequential layers have no convolution; add `when: {layout: prime}` to "
+                             "space.kernels")
     units = sp.units.values if sp.units else [1]
+    units_stacks = dimension_stacks("units", sp.units)
     for key in ("unit_bias", "unit_dependency"):
         dim = getattr(sp, key)
-        if dim and len(dim.values) > 1 and 1 in units and not dim.when:
+        single_in = {s for s in dimension_stacks(key, dim) if s not in units_stacks or 1 in units}
+        if dim and len(dim.values) > 1 and single_in and not dim.when:
             raise ValueError(f"space.{key}: one unit has no bias or dependency; add `when: {{units: [2, ...]}}` "
                              f"listing the unit counts above 1")
 
