@@ -68,6 +68,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
@@ -76,9 +77,67 @@ from nas.model.decode import beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["AotTranslator", "compile_beam_step", "compile_encoder", "package_key", "default_cache_dir"]
+__all__ = ["AotTranslator", "ProductLayout", "compile_beam_step", "compile_encoder", "package_key", "default_cache_dir"]
 
 _LEN_DEFAULTS = {"len_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 10}  # as nas.model.decode.beam_search
+
+
+class ProductLayout(CustomGraphPass):
+    """An Inductor post-grad graph pass (``post_grad_custom_post_pass``) for the packages' matrix products with
+    frozen weights: ``addmm(bias, x, W)`` becomes ``mm(x, W') + bias`` and ``mm(x, W)`` becomes ``mm(x, W')``,
+    where ``W'`` is the constant ``W`` stored contiguous (``[C_in, C_out]`` row-major) instead of ``F.linear``'s
+    transposed view of ``[C_out, C_in]``.
+
+    Why (issue 41): at a few rows the products are bound by per-call work, not arithmetic. ATen's ``addmm`` copies
+    the bias into its output before MKL adds the product to it (an ``expand`` and a ``copy_`` per call), and MKL
+    multiplies by a transposed view more slowly than by a row-major matrix: ``[4, 128] x [128, 512]`` took 8.0 us
+    as ``addmm`` of the view and 4.5 us as ``mm`` of the contiguous matrix (1 thread, eager). The bias addition is a
+    pointwise op that Inductor fuses into the kernel that reads the product next (attention, the residual and
+    LayerNorm, the ReLU). The whole batch-1, beam-4 search step took 0.48 against 0.53-0.55 ms (AVX512 Xeon, 1
+    thread, the same tokens; ``benchmarks/bench_aot_step.py``).
+
+    The result of a product may differ from ``addmm``'s in its last bit (MKL's other kernel for the other layout, and
+    the bias added after the product's rounding), as the compiled kernels already do elsewhere (module docstring).
+    Only products whose right operand is a 2-D constant (a frozen weight) are changed; a constant read by other ops
+    too keeps its original for them.
+    """
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        aten = torch.ops.aten
+        module, layouts = graph.owning_module, {}
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or node.kwargs:
+                continue
+            weight = node.args[-1]
+            if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
+                continue
+            value = getattr(module, weight.target)
+            if value.dim() != 2:
+                continue
+            if not value.is_contiguous():
+                if weight.target not in layouts:
+                    name = f"{weight.target}_row_major"
+                    module.register_buffer(name, value.contiguous())
+                    with graph.inserting_before(weight):
+                        layouts[weight.target] = graph.get_attr(name)
+                    meta = dict(weight.meta)
+                    if "val" in meta:
+                        meta["val"] = meta["val"].contiguous()
+                    layouts[weight.target].meta = meta
+                node.replace_input_with(weight, layouts[weight.target])
+            if node.target is aten.addmm.default:
+                bias, x, weight = node.args
+                with graph.inserting_before(node):
+                    product = graph.call_function(aten.mm.default, (x, weight))
+                    summed = graph.call_function(aten.add.Tensor, (product, bias))
+                product.meta, summed.meta = dict(node.meta), dict(node.meta)
+                node.replace_all_uses_with(summed)
+                graph.erase_node(node)
+        graph.eliminate_dead_code()
+
+    def uuid(self) -> str:
+        """Inductor's cache key of the pass."""
+        return "nas.export.aot.ProductLayout/1"
 
 
 class _BeamStepGraph(nn.Module):
@@ -104,7 +163,9 @@ class _BeamStepGraph(nn.Module):
         self.clock = next(i for i, e in enumerate(state) if e["time_axis"] is not None)
         self.axes = [e["batch_axis"] for e in state]
         self.beam_size, self.eos_id, self.candidates = beam_size, eos_id, candidates
-        self.register_buffer("is_eos", torch.arange(model.vocab_size) == eos_id, persistent=False)  # [V]
+        eos_only = torch.full((model.vocab_size,), float("-inf"))
+        eos_only[eos_id] = 0.0
+        self.register_buffer("eos_only", eos_only, persistent=False)  # [V]: the additive mask of a forced EOS
         # the tied embedding transposed [E, V]: MKL multiplies rows by it faster than by F.linear's view of [V, E]
         # (SuperTransformer.step_logits; 4 rows: 104 against 193 us, 128 rows: 914 against 1,041 us)
         self.register_buffer("embed_t", model.embed.weight.detach().t().contiguous(), persistent=False)
@@ -128,10 +189,14 @@ class _BeamStepGraph(nn.Module):
             banned = logits + ban
             block_max = banned.view(banned.size(0), -1, block).amax(-1) if block else banned[:, :1]
             return (logits, torch.logsumexp(logits, dim=-1), block_max, *present)
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + ban
-        eos = torch.where(eos_zero, 0.0, lprobs[:, :, self.eos_id])  # [n, k]
-        forced = torch.where(self.is_eos, eos[:, :, None], float("-inf"))  # [n, k, V]
-        lprobs = torch.where(limit[:, None, None], forced, lprobs)
+        # the banned tokens and the length limit as one additive mask per sentence [n, 1, V] (0 or -inf): where the
+        # limit holds only EOS is left. EOS is banned exactly while eos_zero holds (search's min_len), so a forced
+        # EOS keeps its log-probability, or 0 with eos_zero, as the eager search's forcing. One select over [n, V]
+        # instead of two over [n, k, V] with the masks loaded per entry (16 of the step's 590 us at batch 1, beam 4)
+        mask = torch.where(limit[:, None], self.eos_only, ban)[:, None, :]  # [n, 1, V]
+        lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + mask
+        zero = (limit & eos_zero)[:, None, None] & (torch.arange(lprobs.size(-1), device=lprobs.device) == self.eos_id)
+        lprobs = torch.where(zero, 0.0, lprobs)
         cands = beam_candidates(lprobs, scores, self.eos_id, blocked=True)
         # search's bookkeeping when every sentence goes on (nas.model.decode.search, ``continued``): the rows the
         # k best non-EOS candidates continue, whether an EOS ranks among a sentence's first k, the grown history
@@ -160,7 +225,7 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
         h.update(source.read_bytes())
     meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "variant": variant,
             "options": options or {}, "torch": torch.__version__, "machine": platform.machine(),
-            "isa": torch.backends.cpu.get_cpu_capability(), "format": 1}
+            "isa": torch.backends.cpu.get_cpu_capability(), "format": 2}
     h.update(json.dumps(meta, sort_keys=True, default=str).encode())
     return h.hexdigest()[:20]
 
@@ -217,6 +282,7 @@ def _compile(program: Any, path: Path, options: dict[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))  # ours: removed below
     try:
+        options = {"post_grad_custom_post_pass": ProductLayout(), **options}
         torch._inductor.aoti_compile_and_package(program, package_path=str(work / "package.pt2"),
                                                  inductor_configs=options)
         os.replace(work / "package.pt2", path)  # a kill leaves no half-written package under the name

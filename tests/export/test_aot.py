@@ -5,10 +5,12 @@ cache in ``tests/model/test_decoding.py``): the same tokens, scores within 1e-4 
 orders), for a plain arch and for one with every unified family in the decoder (branches, paths, units, a Prime
 layer's causal-convolution state, HAT's attention over two encoder layers), through both packages (ranking in the graph for
 few rows, from logits for many), free-length search (sentences finishing at different steps leave the batch)
-and fixed-length search (EOS forced at the bound).
+and fixed-length search (EOS forced at the bound, also where the bound comes before ``min_len``).
 """
 
 from __future__ import annotations
+
+import zipfile
 
 import pytest
 import torch
@@ -85,6 +87,9 @@ def test_compiled_search_equals_the_eager_search(models, tokenizer, sentences, c
     fixed = dict(max_len_a=0.0, max_len_b=9, min_len=9)
     _assert_same(translator.beam_search(src, return_scores=True, **fixed),
                  beam_search(model, src, beam_size=3, return_scores=True, **fixed))
+    early = dict(max_len_a=0.0, max_len_b=4, min_len=9)  # the limit before min_len: EOS forced while banned (score 0)
+    _assert_same(translator.beam_search(src, return_scores=True, **early),
+                 beam_search(model, src, beam_size=3, return_scores=True, **early))
     runner, candidates = translator.runner(sentences_in_batch * 3)
     assert runner is translator._runners[sentences_in_batch * 3 <= SMALL_ROWS]
     assert candidates == (sentences_in_batch * 3 <= SMALL_ROWS)  # the small package ranks the candidates itself
@@ -122,6 +127,21 @@ def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
     finally:
         with torch.no_grad():
             next(model.parameters()).view(-1)[0] -= 1.0
+
+
+def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
+    # nas.export.aot.ProductLayout ran in every package's compilation: its kernels call ATen's mm, never addmm (the
+    # bias is added in Inductor's kernels after the product; tests/export/test_product_layout.py checks the pass)
+    translator = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    translator.runner(3), translator.runner(30), translator.encoder()  # compiled by earlier tests, or now
+    packages = sorted(cache_dir.glob("*.pt2"))  # these three, and those of the module's other tests
+    assert len(packages) >= 3
+    for path in packages:
+        with zipfile.ZipFile(path) as package:
+            wrapper = "".join(package.read(name).decode() for name in package.namelist()
+                              if name.endswith(".wrapper.cpp"))
+        assert "aoti_torch_cpu_mm_out(" in wrapper, path
+        assert "aoti_torch_cpu_addmm_out(" not in wrapper, path
 
 
 def test_a_beam_size_below_one_is_refused(models, cache_dir):

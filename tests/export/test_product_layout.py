@@ -1,0 +1,59 @@
+"""``nas.export.aot.ProductLayout``, the AOT packages' graph pass: a product by a frozen weight becomes ``mm`` by a
+row-major copy of the weight, with the bias added after it, and the graph computes what ``F.linear`` does (the
+reference, eager). The graph is one as Inductor's freezing leaves it: the weights are ``get_attr`` constants,
+``F.linear``'s transposed views. That the compiled packages hold no ``addmm`` is checked in ``test_aot.py``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from nas.export.aot import ProductLayout
+
+aten = torch.ops.aten
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"w1": torch.randn(12, 8, generator=g), "b1": torch.randn(12, generator=g),
+            "w2": torch.randn(6, 12, generator=g), "b2": torch.randn(6, generator=g)}
+
+
+def _reference(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Two layers with a bias, one without (its weight also summed), and a product of two activations."""
+    h = torch.relu(F.linear(x, w["w1"], w["b1"]))  # [b, 12]
+    out = F.linear(h, w["w2"], w["b2"]) + F.linear(h, w["w2"]) + w["w2"].sum()  # [b, 6]
+    return out + (h @ h.t()).sum(-1, keepdim=True)
+
+
+def _frozen_graph(w: dict[str, torch.Tensor], x: torch.Tensor) -> torch.fx.GraphModule:
+    """``_reference`` in ATen ops with the weights as constants (``addmm``/``mm`` by the transposed views)."""
+    w1t, w2t = w["w1"].t(), w["w2"].t()
+
+    def layers(x):
+        h = torch.relu(torch.addmm(w["b1"], x, w1t))
+        out = torch.addmm(w["b2"], h, w2t) + torch.mm(h, w2t) + w2t.sum()
+        return out + (h @ h.t()).sum(-1, keepdim=True)
+    return make_fx(layers)(x)
+
+
+def _products(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in (aten.addmm.default, aten.mm.default)]
+
+
+def test_products_by_weights_read_row_major_copies_and_add_the_bias_after():
+    w, x = _weights(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    gm = _frozen_graph(w, x)
+    assert sum(n.target is aten.addmm.default for n in _products(gm)) == 2  # what the pass changes
+    ProductLayout()(gm.graph)
+    gm.recompile()
+    products = _products(gm)
+    assert [n.target for n in products] == [aten.mm.default] * 4  # no addmm left
+    by_weight = [n for n in products if n.args[1].op == "get_attr"]
+    assert len(by_weight) == 3 and all(getattr(gm, n.args[1].target).is_contiguous() for n in by_weight)
+    activations = [n for n in products if n.args[1].op != "get_attr"]
+    assert len(activations) == 1 and activations[0].args[1].target is aten.t.default  # h @ h.t() as it was
+    summed = next(n for n in gm.graph.nodes if n.target is aten.sum.default).args[0]
+    assert not getattr(gm, summed.target).is_contiguous()  # the sum reads the original constant
+    torch.testing.assert_close(gm(x), _reference(x, w), rtol=1e-6, atol=1e-5)
