@@ -145,12 +145,14 @@ class _BeamStepGraph(nn.Module):
     gathered by ``rows``, then log-softmax, the banned tokens, the length limit and
     :func:`~nas.model.decode.beam_candidates`.
 
-    ``forward(tokens [n*k, 1 + t], rows [n*k], scores [n, k], ban [V], limit [n], eos_zero [], memory [n*k, K*s, C],
-    src_pad [n*k, s], cross, past)`` -> the seven tensors of ``beam_candidates``, then what
+    ``forward(tokens [n*k, 1 + t], rows [n*k], scores [n, k], ban [V], limit [n], eos_zero [], memory [n, K*s, C],
+    src_pad [n, s], cross, past)`` -> the seven tensors of ``beam_candidates``, then what
     :func:`nas.model.decode.search` computes from them when every sentence goes on (``src_rows [n*k]``, ``eos_any
     []``, the grown token history ``[n*k, 2 + t]``: about 10 Python ops a step less, module docstring), then the new
     state (``present``, ``n*k`` rows, one position longer). ``tokens`` is each hypothesis's token history (the newest
-    last); ``rows[i]`` is the row of ``past`` that hypothesis ``i`` continues;
+    last); ``rows[i]`` is the row of ``past`` that hypothesis ``i`` continues; ``memory``, ``src_pad`` and the
+    cross-attention keys/values ``cross`` hold one row per sentence, not per hypothesis (the beams of a sentence
+    attend to its memory together: :meth:`nas.model.attention.MultiBranchAttention._cached`);
     ``ban`` is 0 or ``-inf`` per token (added: the same values as the eager search's ``index_fill_``); where
     ``limit`` is True every token but EOS gets ``-inf`` and EOS keeps its log-probability, or 0 with ``eos_zero``
     (the eager search's forcing, :func:`nas.model.decode.search`).
@@ -251,7 +253,7 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID, candidates).eval()
     # Example: 3 sentences (3k rows) continuing from 4k rows of a 2-position past, source length 7.
     k, sents = beam_size, 3
-    src = sample_src(model, sents, 7).repeat_interleave(k, 0)
+    src = sample_src(model, sents, 7)  # the memory and the cross-attention keys/values: one row per sentence
     memory, src_pad = model.encode(src, arch)
     snap = run_cache(model, arch, sample_src(model, sents + 1, 7).repeat_interleave(k, 0), 2)[-1]
     crossed = cross_kv_fn(model, arch, cross, src)(model, arch, memory, src_pad)
@@ -267,8 +269,8 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     dyn, n = Dim.DYNAMIC, Dim("sentences", min=1, max=1 << 20)
     nk = n if k == 1 else k * n  # rows: one per hypothesis (derived, so that [n*k] views as [n, k] exactly)
     axes = lambda shape, batch: {i: (batch if d == "batch" else dyn) for i, d in enumerate(shape) if isinstance(d, str)}
-    shapes = ({0: nk, 1: dyn}, {0: nk}, {0: n}, None, {0: n}, None, {0: nk, 1: dyn}, {0: nk, 1: dyn},
-              tuple(axes(e["shape"], nk) for e in cross), tuple(axes(e["shape"], dyn) for e in state))
+    shapes = ({0: nk, 1: dyn}, {0: nk}, {0: n}, None, {0: n}, None, {0: n, 1: dyn}, {0: n, 1: dyn},
+              tuple(axes(e["shape"], n) for e in cross), tuple(axes(e["shape"], dyn) for e in state))
     program = torch.export.export(graph, args, dynamic_shapes=shapes)
     options = dict(options or {})  # more Inductor settings
     if autotune:
@@ -326,13 +328,13 @@ class _AotStepper:
 
     def __init__(self, runner: Any, candidates: bool, vocab: int, cross: list[dict], state: list[dict],
                  memory: torch.Tensor, src_pad: torch.Tensor, cross_t: list[torch.Tensor],
-                 ban: dict[tuple, torch.Tensor]) -> None:
+                 ban: dict[tuple, torch.Tensor], beams: int) -> None:
         self.run, self.candidates, self.ban, self.state = runner.loader.boxed_run, candidates, ban, state
         self.eos_id, self.block = EOS_ID, candidate_block(vocab)
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         self.cross = [t.contiguous() for t in cross_t]
         self.cross_axes = [e["batch_axis"] for e in cross]
-        n = memory.size(0)
+        self.beams, n = beams, memory.size(0) * beams  # memory, src_pad, cross: per sentence; the state: per row
         self.past = [memory.new_zeros([n if d == "batch" else 0 if d == "past_len" else d for d in e["shape"]])
                      for e in state]
         self.identity = {n: torch.arange(n)}
@@ -366,10 +368,11 @@ class _AotStepper:
 
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()
-        if sent_rows is not None:
-            self.memory = self.memory.index_select(0, sent_rows)
-            self.src_pad = self.src_pad.index_select(0, sent_rows)
-            self.cross = [t.index_select(a, sent_rows) for t, a in zip(self.cross, self.cross_axes)]
+        if sent_rows is not None:  # the rows of the sentences that go on -> those sentences
+            sentences = sent_rows[::self.beams] // self.beams
+            self.memory = self.memory.index_select(0, sentences)
+            self.src_pad = self.src_pad.index_select(0, sentences)
+            self.cross = [t.index_select(a, sentences) for t, a in zip(self.cross, self.cross_axes)]
 
 
 SMALL_ROWS = 16
@@ -472,11 +475,9 @@ class AotTranslator:
         memory, src_pad, *cross_t = self.encoder().loader.boxed_run([src.contiguous()])  # per sentence
         src_len = (~src_pad).sum(1)
         max_len = torch.clamp((src_len.float() * max_len_a + max_len_b).long(), max=model.max_positions - 1)
-        rows = torch.arange(src.size(0)).repeat_interleave(k)  # each sentence's state repeated per beam
-        memory, src_pad = memory.index_select(0, rows), src_pad.index_select(0, rows)
-        cross_t = [t.index_select(e["batch_axis"], rows) for t, e in zip(cross_t, self.cross)]
+        # memory, src_pad and the cross-attention keys/values stay one row per sentence (not repeated per beam)
         stepper = _AotStepper(*self.runner(src.size(0) * k), model.vocab_size, self.cross, self.state, memory,
-                              src_pad, cross_t, self.ban)
+                              src_pad, cross_t, self.ban, k)
         return search(stepper, src.size(0), max_len.tolist(), beam_size=k, vocab=model.vocab_size,
                       pad_id=model.pad_id, bos_id=BOS_ID, eos_id=EOS_ID, len_penalty=len_penalty, min_len=min_len,
                       return_scores=return_scores, device="cpu", blocked_topk=True)

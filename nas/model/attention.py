@@ -217,6 +217,12 @@ class MultiBranchAttention(nn.Module):
         the past and to the new positions up to itself); those of cross-attention are computed
         once. For one position (the usual step) the projected q/k/v rows are already heads
         (``[G, b, B*h, dh]``, views).
+
+        Cross-attention's keys/values may hold one row per sentence while ``xs`` holds one per hypothesis
+        (``cache.k [G, n, B*h, s, dh]`` with ``b = n * beams``, each sentence's beams consecutive; ``key_pad [n, s]``):
+        then the beams of a sentence are the queries of one product by its keys (``[beams, dh] x [dh, s]``), which
+        reads the memory once per sentence, not once per beam (the AOT-compiled step, :mod:`nas.export.aot`). The
+        values are those of the per-row products; their sums may round differently in the last bit.
         """
         groups, bsz, t, _ = xs.shape
         per_branch = w.heads  # h at this width
@@ -242,11 +248,18 @@ class MultiBranchAttention(nn.Module):
                 causal = torch.zeros(later.shape, dtype=q.dtype, device=xs.device).masked_fill(later, float("-inf"))
         else:
             q = apply(xs, w.proj).view(groups, bsz, t, heads, -1)  # [G, b, t, B*h, dh]
-            q = q.squeeze(2) if t == 1 else q.transpose(2, 3)  # [G, b, B*h, dh] or [G, b, B*h, t, dh]
             if not cache.filled:
                 k, v = self.memory_kv(memory, w)
                 cache.set(k.contiguous(), v.contiguous())
             kt, v = memoized(cache.memo, "kv", _flat, cache)
+            sentences = cache.k.size(1)
+            if t == 1 and sentences != bsz:  # the memory once per sentence, its bsz // sentences rows consecutive
+                beams = bsz // sentences  # the beams of a sentence attend together: [N, beams, dh] by its keys
+                q = q.view(groups, sentences, beams, heads, -1).transpose(2, 3).reshape(-1, beams, q.size(-1))
+                bias = None if key_pad is None else memoized(cache.memo, "bias", _additive, key_pad, cache.k)
+                o = attend_cached(q, kt, v, bias)  # [G*sentences*B*h, beams, dh]
+                return o.view(groups, sentences, heads, beams, -1).transpose(2, 3).reshape(groups, bsz, 1, -1)
+            q = q.squeeze(2) if t == 1 else q.transpose(2, 3)  # [G, b, B*h, dh] or [G, b, B*h, t, dh]
         bias = None if key_pad is None else memoized(cache.memo, "bias", _additive, key_pad, cache.k)
         if causal is not None:
             bias = causal if bias is None else bias + causal
