@@ -10,7 +10,10 @@ guards between them. On top of that step the graph here
 - gathers the previous step's state by the surviving hypotheses (``rows``) before appending to it, so the
   reorder and the append are one pass;
 - multiplies by the tied embedding transposed ``[E, V]``, a constant of the package (MKL's faster layout,
-  :meth:`nas.model.supernet.SuperTransformer.step_logits`);
+  :meth:`nas.model.supernet.SuperTransformer.step_logits`), and by every layer's weights in row-major copies, the
+  bias added after the product (:class:`ProductLayout`, a graph pass over every package);
+- reads the memory and the cross-attention keys/values once per sentence: the beams of a sentence attend to them
+  in one product (:meth:`nas.model.attention.MultiBranchAttention._cached`), not once per beam;
 - ends, in the package for few rows (``candidates=True``), with beam search's expansion: log-softmax, the banned
   tokens, the length limit and :func:`nas.model.decode.beam_candidates` (the function the eager search calls), so
   a step returns the ``2k`` candidates per sentence;
