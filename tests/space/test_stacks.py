@@ -259,3 +259,10 @@ def test_multi30k_latency_holds_its_hand_designed_baselines(latency_space):
         assert latency_space.arch_point_params(Arch.parse(arch)), arch
     with pytest.raises(ValueError):  # Tiny-L (6+6) is outside: the decoder's maximum is 4
         latency_space.arch_point_params(Arch.parse(f"enc[{tiny(6)}] dec[{tiny(6)}]"))
+
+
+def test_multi30k_latency_scores_its_baselines_file():
+    points = load_spec(LATENCY_YAML, check_files=False).search.points_to_evaluate
+    named = {p.name: p.arch for p in points if not isinstance(p, str)}
+    assert set(named) == {"Transformer-Tiny", "Tiny-6+2", "Tiny-6+1", "Tiny-5+2"}  # baselines/multi30k_latency.yaml
+    assert named["Transformer-Tiny"] == "enc[128/256 128/256 128/256 128/256] dec[128/256 128/256 128/256 128/256]"
