@@ -283,15 +283,11 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
             scores = cont_scores
             step += 1
             continue
-        if len(keep_list) == n_act and continued:
-            src_rows, tokens = continued[0], continued[2]
-            scores = cont_scores
-            sent_rows = None
-        elif len(keep_list) == n_act:
-            src_rows = (next_beam + beam_starts[:n_act]).reshape(-1)  # [n_act*k]
-            tokens = torch.cat([tokens.index_select(0, src_rows), next_tok.reshape(-1, 1)], 1)
-            scores = cont_scores
-            sent_rows = None
+        if len(keep_list) == n_act:  # every sentence goes on: the stepper's rows and history, or computed here
+            src_rows = continued[0] if continued else (next_beam + beam_starts[:n_act]).reshape(-1)  # [n_act*k]
+            tokens = (continued[2] if continued
+                      else torch.cat([tokens.index_select(0, src_rows), next_tok.reshape(-1, 1)], 1))
+            scores, sent_rows = cont_scores, None
         else:
             keep = torch.tensor(keep_list, device=device)  # indices into active
             src_rows = (keep[:, None] * k + next_beam[keep]).reshape(-1)  # [n_keep*k]
