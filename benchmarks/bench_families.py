@@ -11,7 +11,8 @@ Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
    archs of ``search_spaces/unified.yaml``: training step (forward + backward, goal <= 1.15)
    and inference (teacher-forced forward, no grad; goal <= 1.05).
 
-Rounds are interleaved (A, B, A, B, ...) and medians compared, so machine noise hits both.
+Each side first runs `--reps` times (warm-up); rounds are then interleaved (A, B, A, B, ...) and medians
+compared, so machine noise hits both.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def _time(fn: Callable[[], None], reps: int) -> float:
 
 
 def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: int, reps: int, goal: float) -> float:
+    for _ in range(reps):  # warm-up: the allocator settles (glibc raises its mmap threshold after frees)
+        a()
+        b()
     ta, tb = [], []
     for _ in range(rounds):
         ta.append(_time(a, reps))

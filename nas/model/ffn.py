@@ -14,6 +14,95 @@ from nas.model.paths import PathFusion
 __all__ = ["ElasticFFN", "path_ffn"]
 
 
+class _Fold(torch.autograd.Function):
+    """``(W1 g, b1 + W1 b)`` for ``LN_p(x) = x^ g_p + b_p`` (:meth:`ElasticFFN.fold`), the product written in
+    the dtype the first projection runs in.
+
+    ``w1 [U, P, F, C]``, ``b1 [U, P, F]``, ``g``/``b`` ``[U, P, C]`` -> ``[G, F, C]`` in ``dtype`` and ``[G, F]``
+    (G = U P). Autograd through ``w1 * g``, its autocast copy and the ``einsum`` makes about seven passes over
+    the weights a training step beyond the plain FFN's cast; here the forward's product is written once, in
+    ``dtype`` (the cast the plain FFN makes anyway), and the backward makes three more.
+    """
+
+    @staticmethod
+    def forward(ctx, w1, b1, g, b, dtype):  # noqa: D102 (the class docstring)
+        units, n_paths, f, c = w1.shape
+        w1f = (w1 * g[:, :, None, :]).to(dtype)
+        with torch.autocast(w1.device.type, enabled=False):  # b1 + W1 b, in the weights' dtype
+            # one addmv a group: a batched matrix-vector product (bmm, einsum) took 6-11x as long on CPU
+            b1f = torch.stack([torch.addmv(b1i, w1i, bi) for b1i, w1i, bi in
+                               zip(b1.reshape(-1, f), w1.reshape(-1, f, c), b.reshape(-1, c))])
+        ctx.save_for_backward(w1, g, b)
+        return w1f.view(-1, f, c), b1f
+
+    @staticmethod
+    def backward(ctx, grad_w1f, grad_b1f):  # noqa: D102
+        w1, g, b = ctx.saved_tensors
+        units, n_paths, f, c = w1.shape
+        grad_w1f = grad_w1f.to(w1.dtype).contiguous().view(units, n_paths, f, c)
+        grad_w1 = grad_w1f * g[:, :, None, :]  # d(W1 g)/dW1
+        grad_g = (grad_w1f * w1).sum(2)  # sum_f dW1f[f, c] W1[f, c]
+        if grad_b1f is None:
+            return grad_w1, None, grad_g, None, None
+        grad_b1f = grad_b1f.to(w1.dtype).view(-1, 1, f)
+        grad_w1.view(-1, f, c).baddbmm_(grad_b1f.transpose(1, 2), b.reshape(-1, 1, c))  # d(W1 b)/dW1
+        grad_b = torch.bmm(grad_b1f, w1.reshape(-1, f, c)).view(units, n_paths, c)
+        return grad_w1, grad_b1f.view(units, n_paths, f), grad_g, grad_b, None
+
+
+class _BatchedLinear(torch.autograd.Function):
+    """``baddbmm(b, x, w^T)`` whose weight gradient comes out in the weight's own layout.
+
+    ``x [G, N, I]``, or ``[N, I]`` read by every group, ``w [G, O, I]``, ``b [G, 1, O]`` -> ``[G, N, O]``.
+    Autograd through ``baddbmm(b, x, w.transpose(1, 2))`` computes ``x^T dy`` as ``[G, I, O]`` and hands back
+    its transposed view, so every later pass over the weight gradient (the fold's, the crop's, the cast to
+    fp32) strides through memory, and ``bmm`` reads a stride-0 ``x^T`` slowly. Here ``dW = dy^T x`` is computed
+    as ``[G, O, I]`` directly, as ``F.linear``'s backward does for one group, and a shared input's gradient
+    ``sum_g dy_g W_g`` is accumulated in place, without the ``[G, N, I]`` intermediate. Under autocast the
+    product runs in the autocast dtype and each gradient is returned in its input's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, b, x, w):  # noqa: D102 (the class docstring)
+        ctx.save_for_backward(x, w)
+        ctx.dtypes = b.dtype, x.dtype, w.dtype
+        xs = x.expand(w.size(0), *x.shape) if x.dim() == 2 else x
+        return torch.baddbmm(b, xs, w.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        x, w = ctx.saved_tensors
+        b_dtype, x_dtype, w_dtype = ctx.dtypes
+        grad_b = grad_x = grad_w = None
+        w = w.to(grad.dtype)
+        if ctx.needs_input_grad[0]:
+            grad_b = grad.sum(1, keepdim=True, dtype=torch.float32).to(b_dtype)
+        if ctx.needs_input_grad[1]:
+            if x.dim() == 2:
+                grad_x = torch.mm(grad[0], w[0])
+                for g in range(1, w.size(0)):
+                    grad_x.addmm_(grad[g], w[g])
+            else:
+                grad_x = torch.bmm(grad, w)
+            grad_x = grad_x.to(x_dtype)
+        if ctx.needs_input_grad[2]:
+            xs = x.to(grad.dtype)
+            xs = xs.expand(w.size(0), *x.shape) if x.dim() == 2 else xs
+            grad_w = torch.bmm(grad.transpose(1, 2), xs).to(w_dtype)
+        return grad_b, grad_x, grad_w
+
+
+def _batched_linear(b: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
+    """``baddbmm(b, x, w_t)`` for ``w_t = w.transpose(1, 2)``, through :class:`_BatchedLinear`; ``x`` may be
+    ``[N, I]``, shared by every group. Autocast as ``baddbmm``: every operand in the autocast dtype."""
+    w = w_t.transpose(1, 2)
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        b, x, w = b.to(dtype), x.to(dtype), w.to(dtype)
+    with torch.autocast(x.device.type, enabled=False):
+        return _BatchedLinear.apply(b, x, w)
+
+
 class ElasticFFN(nn.Module):
     """Position-wise FFN ``ReLU(x W1^T + b1) W2^T + b2`` (Scalable Transformers eq. 2) per (unit, path) group.
 
@@ -51,8 +140,13 @@ class ElasticFFN(nn.Module):
         """``(W1 g, b1 + W1 b, W2, b2)`` for ``LN_p(x) = x^ g_p + b_p``: ``[G, F, C]``, ``[G, F]``, ``[G, C, F]``, ``[G, C]``."""
         units, n_paths = ln_weight.size(0), ln_weight.size(1)
         w1, b1 = self.w1[:units, :n_paths, :ffn_width, :c], self.b1[:units, :n_paths, :ffn_width]  # [U, P, F, C]
-        w1f = (w1 * ln_weight[:, :, None, :]).flatten(0, 1)  # [G, F, C]
-        b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).flatten(0, 1)  # [G, F]
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (w1, b1, ln_weight, ln_bias)):
+            device = w1.device.type
+            dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else w1.dtype
+            w1f, b1f = _Fold.apply(w1, b1, ln_weight, ln_bias, dtype)
+        else:
+            w1f = (w1 * ln_weight[:, :, None, :]).flatten(0, 1)  # [G, F, C]
+            b1f = (b1 + torch.einsum("upfc,upc->upf", w1, ln_bias)).flatten(0, 1)  # [G, F]
         w2 = self.w2[:units, :n_paths, :c, :ffn_width].flatten(0, 1)  # [G, C, F]
         b2 = self.b2[:units, :n_paths, :c].flatten(0, 1)  # [G, C]
         return w1f, b1f, w2, b2
@@ -79,8 +173,13 @@ class ElasticFFN(nn.Module):
         shared = xn.reshape(units, 1, bsz * t, c).expand(units, n_paths, bsz * t, c)
         # one unit: the P paths read the same memory (a stride-0 batch), nothing is copied
         shared = shared[0] if units == 1 else shared.reshape(groups, bsz * t, c)
-        hidden = drop(F.relu(torch.baddbmm(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
-        return torch.baddbmm(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
+        product = torch.baddbmm
+        if torch.is_grad_enabled():
+            product = _batched_linear
+            if units == 1:
+                shared = xn.reshape(bsz * t, c)  # [N, C]: its gradient summed over the paths in place
+        hidden = drop(F.relu(product(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
+        return product(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
 
 
 def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: int, n_paths: int,

@@ -13,6 +13,54 @@ from nas.model.ops import memoized
 
 __all__ = ["PathFusion"]
 
+_EPS = 1e-5  # F.layer_norm's default, the eps of every layer norm here
+
+
+class _PathNormSum(torch.autograd.Function):
+    """``sum_i keep_i * LN(y_i; w_i, b_i)`` per unit, forward and backward in one layer-norm kernel per path.
+
+    The weighted sum of Multi-Path eq. 6 with ``w_i = alpha_i gamma_i`` and ``b_i = alpha_i beta_i``:
+    ``ys [U, P, b, t, C]``, ``weight``/``bias`` ``[U, P, C]`` (ys' dtype), ``keep [U, P, b]`` or None ->
+    ``[U, b, t, C]`` in ``out_dtype``, summed in fp32. Autograd through the batched form (layer norm, affine,
+    sum) makes about twelve passes over the P-fold activations; here the forward makes two and the backward
+    one (``native_layer_norm_backward`` gives the input's, weight's and bias's gradients together), and only
+    each path's mean and reciprocal deviation are kept. Used when gradients are needed; inference keeps the
+    batched form (fewer ops a decoder step, and what ``torch.export`` traces).
+    """
+
+    @staticmethod
+    def forward(ctx, ys, weight, bias, keep, out_dtype):  # noqa: D102 (the class docstring)
+        units, n_paths, bsz, t, c = ys.shape
+        ys = ys.contiguous()
+        out = torch.empty(units, bsz, t, c, dtype=out_dtype, device=ys.device)
+        stats = []
+        for u in range(units):
+            for p in range(n_paths):
+                y, mean, rstd = torch.native_layer_norm(ys[u, p], (c,), weight[u, p], bias[u, p], _EPS)
+                stats += [mean, rstd]
+                if keep is not None:
+                    y.mul_(keep[u, p, :, None, None])
+                out[u].copy_(y) if p == 0 else out[u].add_(y)
+        ctx.save_for_backward(ys, weight, bias, *stats)
+        ctx.keep = keep
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: D102
+        ys, weight, bias, *stats = ctx.saved_tensors
+        keep = ctx.keep
+        units, n_paths, _, _, c = ys.shape
+        grad = grad.to(ys.dtype)
+        grad_ys, grad_w, grad_b = torch.empty_like(ys), torch.empty_like(weight), torch.empty_like(bias)
+        for u in range(units):
+            for p in range(n_paths):
+                g = grad[u] if keep is None else grad[u] * keep[u, p, :, None, None]
+                mean, rstd = stats[2 * (u * n_paths + p): 2 * (u * n_paths + p) + 2]
+                torch.ops.aten.native_layer_norm_backward.out(
+                    g, ys[u, p], (c,), mean, rstd, weight[u, p], bias[u, p], [True, True, True],
+                    out0=grad_ys[u, p], out1=grad_w[u, p], out2=grad_b[u, p])
+        return grad_ys, grad_w, grad_b, None, None
+
 
 class PathFusion(nn.Module):
     """The pre-norm wrapper of one sublayer with ``P`` paths, for each of ``U`` units (Multi-Path eq. 4-7).
@@ -93,6 +141,10 @@ class PathFusion(nn.Module):
             keep = None if keep is None else keep.view(units, n_paths, *keep.shape[1:]).repeat(1, 2, 1, 1, 1).flatten(0, 1)
         # alpha_i * PathNorm_i(y) = LN(y) * (alpha_i * gamma_i) + alpha_i * beta_i: one fused pass
         weight, bias = (weight * alpha[..., None]).to(ys.dtype), (bias * alpha[..., None]).to(ys.dtype)
+        if torch.is_grad_enabled() and (ys.requires_grad or weight.requires_grad):
+            keep = None if keep is None else keep.view(*ys.shape[:2], ys.size(2))  # [U, P', b]
+            summed = _PathNormSum.apply(ys, weight, bias, keep, x.dtype)  # [U, b, t, C]
+            return torch.addcmul(summed, self.beta[:units, None, None, None], x)
         ys = torch.addcmul(bias[:, :, None, None], F.layer_norm(ys, (c,)), weight[:, :, None, None])
         if keep is not None:
             ys = ys * keep.view(*ys.shape[:2], *keep.shape[1:])
