@@ -58,7 +58,7 @@ class _BatchedLinear(torch.autograd.Function):
     its transposed view, so every later pass over the weight gradient (the fold's, the crop's, the cast to
     fp32) strides through memory, and ``bmm`` reads a stride-0 ``x^T`` slowly. Here ``dW = dy^T x`` is computed
     as ``[G, O, I]`` directly, as ``F.linear``'s backward does for one group, and a shared input's gradient
-    ``sum_g dy_g W_g`` is accumulated in place, without the ``[G, N, I]`` intermediate. Under autocast the
+    ``sum_g dy_g W_g`` is one product, without the ``[G, N, I]`` intermediate. Under autocast the
     product runs in the autocast dtype and each gradient is returned in its input's dtype.
     """
 
@@ -76,12 +76,10 @@ class _BatchedLinear(torch.autograd.Function):
         grad_b = grad_x = grad_w = None
         w = w.to(grad.dtype)
         if ctx.needs_input_grad[0]:
-            grad_b = grad.sum(1, keepdim=True, dtype=torch.float32).to(b_dtype)
+            grad_b = grad.sum(1, keepdim=True).to(b_dtype)  # as autograd through baddbmm: fp32 sums, rounded once
         if ctx.needs_input_grad[1]:
-            if x.dim() == 2:
-                grad_x = torch.mm(grad[0], w[0])
-                for g in range(1, w.size(0)):
-                    grad_x.addmm_(grad[g], w[g])
+            if x.dim() == 2:  # sum_g dy_g W_g as one product, accumulated in the kernel: [N, G*O] x [G*O, I]
+                grad_x = torch.mm(grad.transpose(0, 1).reshape(x.size(0), -1), w.reshape(-1, w.size(-1)))
             else:
                 grad_x = torch.bmm(grad, w)
             grad_x = grad_x.to(x_dtype)
@@ -157,7 +155,9 @@ class ElasticFFN(nn.Module):
 
         ``W1 (x^ g + b) = (W1 g) x^ + W1 b``: each path's layer-norm affine is folded into its first
         projection (:meth:`fold`), and the P paths' first projections run as one batched matmul reading the
-        shared normalised input (a stride-0 batch: the P inputs are never materialised).
+        shared normalised input (a stride-0 batch: the P inputs are never materialised). With gradients, the
+        fold and both products are autograd Functions (:class:`_Fold`, :class:`_BatchedLinear`): the weight
+        gradients come out in the weights' layout and the fold's backward makes three passes over them.
 
         Args: ``xn [U, b, t, C]`` (``LN(x_u)`` without affine), ``ln_weight``/``ln_bias``
         ``[U, P, C]`` (Multi-Path eq. 5's per-path LN), ``dropout`` on the hidden layer, ``memo``

@@ -115,7 +115,9 @@ class PathFusion(nn.Module):
         """``x [U, b, t, C]``, outputs ``ys [U*P, b, t, C]``, optional drop mask ``keep [U*P, b]`` -> ``[U, b, t, C]``.
 
         PathNorm runs in the outputs' dtype (bf16 under autocast; statistics accumulate in fp32
-        inside the kernel): the P-fold activations are the sublayer's largest element-wise cost.
+        inside the kernel): the P-fold activations are the sublayer's largest element-wise cost. With
+        gradients, PathNorm and the weighted sum are one autograd Function (:class:`_PathNormSum`, the sum
+        in fp32); without, the batched form (fewer ops a decoder step).
         """
         units = x.size(0)
         n_paths = ys.size(0) // units

@@ -82,7 +82,8 @@ def test_the_folded_ffn_values_and_gradients_match_the_loop_transcription(units,
     ffn = _perturbed(ElasticFFN(C, 24, max_paths=4, max_units=2), seed=2)
     x = torch.randn(units, 3, 5, c, requires_grad=True)
     tensors = [x, *fusion.parameters(), *ffn.parameters()]
-    names = ["x", *(f"fusion.{n}" for n, _ in fusion.named_parameters()), *(f"ffn.{n}" for n, _ in ffn.named_parameters())]
+    names = ["x", *(f"fusion.{n}" for n, _ in fusion.named_parameters()),
+             *(f"ffn.{n}" for n, _ in ffn.named_parameters())]
     got = path_ffn(fusion, ffn, x, width, n_paths)
     want = _reference_path_ffn(fusion, ffn, x, width, units, n_paths)
     assert (got - want).abs().max().item() <= 1e-5
@@ -110,6 +111,7 @@ def test_under_bf16_autocast_the_sublayer_stays_close_to_the_fp32_transcription(
                            n_paths, C)
     assert (got - want).abs().max().item() <= 0.05 * want.abs().max().item()
     weights = torch.randn_like(want)
-    names = ["x", *(f"fusion.{n}" for n, _ in fusion.named_parameters()), *(f"ffn.{n}" for n, _ in ffn.named_parameters())]
+    names = ["x", *(f"fusion.{n}" for n, _ in fusion.named_parameters()),
+             *(f"ffn.{n}" for n, _ in ffn.named_parameters())]
     for name, g, w in zip(names, _grads(got, weights, tensors), _grads(want, weights, tensors)):
         assert (g - w).norm().item() <= 0.12 * w.norm().item(), name
