@@ -6,7 +6,8 @@ Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
    forward + backward (goal <= 1.15): branches are extra heads of one SDPA call.
 2. A 4-path FFN sublayer (per-path LN, FFN, PathNorm, weighted fuse) against a 1-path FFN
    sublayer with 4x the inner width (goal <= 1.15): the per-path LN affine is folded into the
-   first projection, so the 4 paths' first projections are one matmul of the shared input.
+   first projection, so the 4 paths' first projections are one matmul of the shared input. A second line
+   times the same with the input's gradient, as inside a model (informative; the goal is the first line's).
 3. The supernet running an arch against ``extract(arch)`` running the same arch, for random
    archs of ``search_spaces/unified.yaml``: training step (forward + backward, goal <= 1.15)
    and inference (teacher-forced forward, no grad; goal <= 1.05).
@@ -43,7 +44,8 @@ def _time(fn: Callable[[], None], reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: int, reps: int, goal: float) -> float:
+def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: int, reps: int,
+             goal: float | None) -> float:
     for _ in range(reps):  # warm-up: the allocator settles (glibc raises its mmap threshold after frees)
         a()
         b()
@@ -53,7 +55,7 @@ def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: in
         tb.append(_time(b, reps))
     ratio = statistics.median(ta) / statistics.median(tb)
     print(f"{name:<62}{statistics.median(ta) * 1e3:>9.2f} ms {statistics.median(tb) * 1e3:>9.2f} ms"
-          f"{ratio:>8.3f}  (goal <= {goal})")
+          f"{ratio:>8.3f}  " + ("(no goal)" if goal is None else f"(goal <= {goal})"))
     return ratio
 
 
@@ -70,6 +72,7 @@ def _ffn_step(fusion: PathFusion, ffn: ElasticFFN, x: torch.Tensor, paths: int, 
     def step() -> None:
         ffn.zero_grad(set_to_none=True)
         fusion.zero_grad(set_to_none=True)
+        x.grad = None
         with autocast:
             y = fusion.fuse(x, path_ffn(fusion, ffn, x, width, paths))  # the layers' own code path
         y.float().square().mean().backward()
@@ -104,6 +107,9 @@ def main() -> None:
     wide = (PathFusion(c, 1), ElasticFFN(c, 2048, max_paths=1))
     _compare("FFN sublayer fwd+bwd: 4 paths x 512 vs 1 path x 2048", _ffn_step(*four, xs, 4, 512, autocast),
              _ffn_step(*wide, xs, 1, 2048, autocast), args.rounds, args.reps, 1.15)
+    xg = xs.clone().requires_grad_()  # as inside a model: the input's gradient too (no goal of its own)
+    _compare("  the same, the input's gradient too", _ffn_step(*four, xg, 4, 512, autocast),
+             _ffn_step(*wide, xg, 1, 2048, autocast), args.rounds, args.reps, None)
 
     spec = load_spec("search_spaces/unified.yaml", check_files=False)
     space = SearchSpace.from_spec(spec)
