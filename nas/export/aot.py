@@ -387,6 +387,27 @@ step (0.97x the time at batch 1 and at batch 32, beam 4, interleaved A/B), witho
 at 4 rows)."""
 VARIANTS = {True: {"autotune": False, "candidates": True}, False: {"autotune": False, "candidates": False}}
 """The two packages of :class:`AotTranslator`: for up to :data:`SMALL_ROWS` hypotheses (True) and for more."""
+MANY_ROWS_ELSEWHERE = {"cpp.weight_prepack": True}
+"""Inductor settings added to the many-rows package on CPUs that are not Intel's (:func:`intel_cpu`), unless the
+options name them: the products by pre-packed weights. On a 2-core AMD EPYC with AVX512-BF16 (1 thread), a package of
+the output projection ``[128, 128] x [128, 6000]`` and log-softmax ran in 2.2 ms with plain weights and in 1.1 ms
+pre-packed (eager: ATen's MKL product 2.0 ms, oneDNN's with a packed weight 0.8 ms), and the whole search at batch 32,
+beam 4 took 1.04x CTranslate2 fp32's time against 1.53x (``bench_serving.py``; CTranslate2 itself multiplies with
+oneDNN rather than MKL on CPUs that are not Intel's). At 1-4 rows packing did not pay there (the beam-1, batch-1
+search: 3.30x against 1.45x), nor on an Intel Xeon (:data:`DEFAULT_OPTIONS`), so the few-rows package keeps plain
+weights. Not measured on Intel at many rows: there nothing changes."""
+
+
+def intel_cpu() -> bool:
+    """Whether this machine's CPU is Intel's (``vendor_id`` in ``/proc/cpuinfo``; True where that cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return "GenuineIntel" in line
+    except OSError:
+        pass
+    return True
 
 
 class AotTranslator:
@@ -422,6 +443,7 @@ class AotTranslator:
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.small_rows = small_rows
         self.options = {**DEFAULT_OPTIONS, **(options or {})}
+        self._named = set(options or {})  # settings the caller chose: kept in both packages
         self.compile_seconds: dict[bool | str, float] = {}  # small or not, "encoder" -> seconds (this process)
         self._runners: dict[bool, Any] = {}
         self._encoder: Any = None
@@ -437,13 +459,21 @@ class AotTranslator:
     def package(self, small: bool) -> Path:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
-        key = package_key(self.model, self.arch, self.beam_size, variant, self.options)
+        options = self.package_options(small)
+        key = package_key(self.model, self.arch, self.beam_size, variant, options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
             start = time.perf_counter()
-            compile_beam_step(self.model, self.arch, self.beam_size, path, options=self.options, **variant)
+            compile_beam_step(self.model, self.arch, self.beam_size, path, options=options, **variant)
             self.compile_seconds[small] = time.perf_counter() - start
         return path
+
+    def package_options(self, small: bool) -> dict[str, Any]:
+        """The Inductor settings of the few-rows (``small``) or many-rows package: :attr:`options`, and for many
+        rows on a CPU that is not Intel's, :data:`MANY_ROWS_ELSEWHERE` where the caller named no value."""
+        if small or intel_cpu():
+            return dict(self.options)
+        return {**self.options, **{k: v for k, v in MANY_ROWS_ELSEWHERE.items() if k not in self._named}}
 
     def encoder(self) -> Any:
         """The loaded encoder package (compiled now if missing; one per model, any beam size)."""
