@@ -99,15 +99,26 @@ class ProductLayout(CustomGraphPass):
     LayerNorm, the ReLU). The whole batch-1, beam-4 search step took 0.48 against 0.53-0.55 ms (AVX512 Xeon, 1
     thread, the same tokens; ``benchmarks/bench_aot_step.py``).
 
+    With ``pack`` ``"all"``, or ``"wide"`` for products at least :data:`PACK_WIDE` wide, a product by a frozen weight
+    becomes oneDNN's ``mkldnn._linear_pointwise`` by the weight pre-packed for about ``rows`` rows, its bias passed
+    in (:func:`packing` says where: CPUs that are not Intel's). The pass packs the weights itself, per package,
+    rather than through Inductor's ``cpp.weight_prepack``: Inductor registers that pattern once per process, when
+    the first compilation asks for it, so a package's products would depend on which was compiled first.
+
     The result of a product may differ from ``addmm``'s in its last bit (MKL's other kernel for the other layout, and
     the bias added after the product's rounding), as the compiled kernels already do elsewhere (module docstring).
     Only products whose right operand is a 2-D constant (a frozen weight) are changed; a constant read by other ops
     too keeps its original for them.
     """
 
+    def __init__(self, pack: str = "none", rows: int = 4) -> None:
+        if pack not in PACKING:
+            raise ValueError(f"pack={pack!r}: one of {', '.join(PACKING)}")
+        self.pack, self.rows = pack, rows
+
     def __call__(self, graph: torch.fx.Graph) -> None:
         aten = torch.ops.aten
-        module, layouts = graph.owning_module, {}
+        module, layouts, packed = graph.owning_module, {}, {}
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or node.kwargs:
                 continue
@@ -116,6 +127,9 @@ class ProductLayout(CustomGraphPass):
                 continue
             value = getattr(module, weight.target)
             if value.dim() != 2:
+                continue
+            if self.pack == "all" or (self.pack == "wide" and value.size(1) >= PACK_WIDE):
+                self._packed(graph, node, weight, value, packed)
                 continue
             if not value.is_contiguous():
                 if weight.target not in layouts:
@@ -138,9 +152,28 @@ class ProductLayout(CustomGraphPass):
                 graph.erase_node(node)
         graph.eliminate_dead_code()
 
+    def _packed(self, graph: torch.fx.Graph, node: torch.fx.Node, weight: torch.fx.Node, value: torch.Tensor,
+                packed: dict) -> None:
+        """``node`` (``x W (+ b)``) as oneDNN's product by ``W`` pre-packed for about :attr:`rows` rows."""
+        if weight.target not in packed:
+            name = f"{weight.target}_packed"
+            dense = value.t().contiguous()  # [C_out, C_in], F.linear's layout
+            graph.owning_module.register_buffer(name, torch.ops.mkldnn._reorder_linear_weight(dense, self.rows))
+            with graph.inserting_before(weight):
+                packed[weight.target] = graph.get_attr(name)
+            packed[weight.target].meta = {**weight.meta, "val": weight.meta["val"].t().contiguous()} \
+                if "val" in weight.meta else dict(weight.meta)  # the logical shape Inductor reads
+        bias, x = (node.args[0], node.args[1]) if node.target is torch.ops.aten.addmm.default else (None, node.args[0])
+        with graph.inserting_before(node):
+            product = graph.call_function(torch.ops.mkldnn._linear_pointwise.default,
+                                          (x, packed[weight.target], bias, "none", [], ""))
+        product.meta = dict(node.meta)
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
     def uuid(self) -> str:
         """Inductor's cache key of the pass."""
-        return "nas.export.aot.ProductLayout/1"
+        return f"nas.export.aot.ProductLayout/2/{self.pack}/{self.rows}"
 
 
 class _BeamStepGraph(nn.Module):
@@ -237,16 +270,21 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
 
 @torch.no_grad()
 def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path: str | Path, *,
-                      autotune: bool = False, candidates: bool = True, options: dict[str, Any] | None = None) -> Path:
+                      autotune: bool = False, candidates: bool = True, options: dict[str, Any] | None = None,
+                      pack: str = "none") -> Path:
     """Export the beam-search step of ``arch`` (:class:`_BeamStepGraph`) and compile it with AOTInductor into the
     package ``path`` (written atomically). Every row count, source length and past length is a dynamic axis.
 
+    ``pack``: which products multiply by oneDNN's pre-packed weights (:data:`PACKING`).
+
     Raises:
-        ValueError: ``beam_size < 1``.
+        ValueError: ``beam_size < 1``, an unknown ``pack``.
         RuntimeError: from ``torch.export`` or Inductor (an op it cannot compile, no C++ compiler).
     """
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be >= 1")
+    if pack not in PACKING:
+        raise ValueError(f"pack={pack!r}: one of {', '.join(PACKING)}")
     from torch.export import Dim
 
     model = model.eval()
@@ -279,15 +317,15 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     if autotune:
         options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         "autotune_num_choices_displayed": 0})  # no table per product on stderr
-    return _compile(program, Path(path), options)
+    return _compile(program, Path(path), options, ProductLayout(pack, SMALL_ROWS if candidates else 8 * SMALL_ROWS))
 
 
-def _compile(program: Any, path: Path, options: dict[str, Any]) -> Path:
+def _compile(program: Any, path: Path, options: dict[str, Any], layout: ProductLayout | None = None) -> Path:
     """AOTInductor-compile an exported program into the package ``path``, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))  # ours: removed below
     try:
-        options = {"post_grad_custom_post_pass": ProductLayout(), **options}
+        options = {"post_grad_custom_post_pass": layout or ProductLayout(), **options}
         torch._inductor.aoti_compile_and_package(program, package_path=str(work / "package.pt2"),
                                                  inductor_configs=options)
         os.replace(work / "package.pt2", path)  # a kill leaves no half-written package under the name
@@ -307,7 +345,7 @@ class _EncoderPackageGraph(EncoderGraph):
 
 @torch.no_grad()
 def compile_encoder(model: SuperTransformer, arch: Arch, path: str | Path, *,
-                    options: dict[str, Any] | None = None) -> Path:
+                    options: dict[str, Any] | None = None, pack: str = "none") -> Path:
     """Export the encoder of ``arch`` with the cross-attention keys/values of every decoder layer
     (:class:`_EncoderPackageGraph`) and compile it with AOTInductor into the package ``path`` (written atomically).
     Batch and source length are dynamic axes. At batch 1 the eager encoder took 8% of a compiled beam search's time.
@@ -322,7 +360,7 @@ def compile_encoder(model: SuperTransformer, arch: Arch, path: str | Path, *,
     src = sample_src(model, 3, 7)
     graph = _EncoderPackageGraph(model, arch, cross, cross_kv_fn(model, arch, cross, src)).eval()
     program = torch.export.export(graph, (src,), dynamic_shapes=({0: Dim.DYNAMIC, 1: Dim.DYNAMIC},))
-    return _compile(program, Path(path), dict(options or {}))
+    return _compile(program, Path(path), dict(options or {}), ProductLayout(pack, 8 * SMALL_ROWS))
 
 
 class _AotStepper:
@@ -387,15 +425,26 @@ step (0.97x the time at batch 1 and at batch 32, beam 4, interleaved A/B), witho
 at 4 rows)."""
 VARIANTS = {True: {"autotune": False, "candidates": True}, False: {"autotune": False, "candidates": False}}
 """The two packages of :class:`AotTranslator`: for up to :data:`SMALL_ROWS` hypotheses (True) and for more."""
-MANY_ROWS_ELSEWHERE = {"cpp.weight_prepack": True}
-"""Inductor settings added to the many-rows package on CPUs that are not Intel's (:func:`intel_cpu`), unless the
-options name them: the products by pre-packed weights. On a 2-core AMD EPYC with AVX512-BF16 (1 thread), a package of
-the output projection ``[128, 128] x [128, 6000]`` and log-softmax ran in 2.2 ms with plain weights and in 1.1 ms
-pre-packed (eager: ATen's MKL product 2.0 ms, oneDNN's with a packed weight 0.8 ms), and the whole search at batch 32,
-beam 4 took 1.04x CTranslate2 fp32's time against 1.53x (``bench_serving.py``; CTranslate2 itself multiplies with
-oneDNN rather than MKL on CPUs that are not Intel's). At 1-4 rows packing did not pay there (the beam-1, batch-1
-search: 3.30x against 1.45x), nor on an Intel Xeon (:data:`DEFAULT_OPTIONS`), so the few-rows package keeps plain
-weights. Not measured on Intel at many rows: there nothing changes."""
+PACKING = ("none", "wide", "all")
+"""Which products of a package multiply by oneDNN's pre-packed weights (:class:`ProductLayout`): none, those at
+least :data:`PACK_WIDE` wide (the output projection), or all."""
+PACK_WIDE = 2048
+"""Output width from which a product of the few-rows package is pre-packed on CPUs that are not Intel's."""
+
+
+def packing(small: bool | None) -> str:
+    """:data:`PACKING` of the few-rows step package (``small``), the many-rows one (False) or the encoder (None).
+
+    Intel CPUs: none (MKL's own kernels; oneDNN's packed products were slower at 4 rows on a Xeon). Elsewhere
+    (CTranslate2 also multiplies with oneDNN rather than MKL there), measured on a 2-core AMD EPYC with
+    AVX512-BF16, 1 thread: the output projection and log-softmax as a package took 144 against 81 us at 4 rows
+    and 2.26 against 1.18 ms at 128 rows (MKL's product by a plain matrix against oneDNN's by a packed one), while
+    the layers' ``[4, 128] x [128, 512]`` took 11.2 against 14.8 us eager. So: the wide products at few rows,
+    every product at many rows and in the encoder.
+    """
+    if intel_cpu():
+        return "none"
+    return "wide" if small else "all"
 
 
 def intel_cpu() -> bool:
@@ -443,7 +492,6 @@ class AotTranslator:
         self.cache_dir = Path(cache_dir or default_cache_dir())
         self.small_rows = small_rows
         self.options = {**DEFAULT_OPTIONS, **(options or {})}
-        self._named = set(options or {})  # settings the caller chose: kept in both packages
         self.compile_seconds: dict[bool | str, float] = {}  # small or not, "encoder" -> seconds (this process)
         self._runners: dict[bool, Any] = {}
         self._encoder: Any = None
@@ -459,30 +507,25 @@ class AotTranslator:
     def package(self, small: bool) -> Path:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
-        options = self.package_options(small)
-        key = package_key(self.model, self.arch, self.beam_size, variant, options)
+        pack = packing(small)
+        key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack}, self.options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
             start = time.perf_counter()
-            compile_beam_step(self.model, self.arch, self.beam_size, path, options=options, **variant)
+            compile_beam_step(self.model, self.arch, self.beam_size, path, options=self.options, pack=pack,
+                              **variant)
             self.compile_seconds[small] = time.perf_counter() - start
         return path
-
-    def package_options(self, small: bool) -> dict[str, Any]:
-        """The Inductor settings of the few-rows (``small``) or many-rows package: :attr:`options`, and for many
-        rows on a CPU that is not Intel's, :data:`MANY_ROWS_ELSEWHERE` where the caller named no value."""
-        if small or intel_cpu():
-            return dict(self.options)
-        return {**self.options, **{k: v for k, v in MANY_ROWS_ELSEWHERE.items() if k not in self._named}}
 
     def encoder(self) -> Any:
         """The loaded encoder package (compiled now if missing; one per model, any beam size)."""
         if self._encoder is None:
-            key = package_key(self.model, self.arch, 0, {"encoder": True}, self.options)
+            pack = packing(None)
+            key = package_key(self.model, self.arch, 0, {"encoder": True, "pack": pack}, self.options)
             path = self.cache_dir / f"encoder_{key}.pt2"
             if not path.exists():
                 start = time.perf_counter()
-                compile_encoder(self.model, self.arch, path, options=self.options)
+                compile_encoder(self.model, self.arch, path, options=self.options, pack=pack)
                 self.compile_seconds["encoder"] = time.perf_counter() - start
             self._encoder = torch._inductor.aoti_load_package(str(path))
         return self._encoder

@@ -136,11 +136,17 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
     translator.runner(3), translator.runner(30), translator.encoder()  # compiled by earlier tests, or now
     packages = sorted(cache_dir.glob("*.pt2"))  # these three, and those of the module's other tests
     assert len(packages) >= 3
+    from nas.export.aot import packing
+
     for path in packages:
         with zipfile.ZipFile(path) as package:
             wrapper = "".join(package.read(name).decode() for name in package.namelist()
                               if name.endswith(".wrapper.cpp"))
-        assert "aoti_torch_cpu_mm_out(" in wrapper, path
+        pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name)  # this CPU's choice
+        if pack == "all":  # oneDNN's products by packed weights (CPUs that are not Intel's)
+            assert "aoti_torch_cpu__linear_pointwise(" in wrapper, path
+        else:
+            assert "aoti_torch_cpu_mm_out(" in wrapper, path
         assert "aoti_torch_cpu_addmm_out(" not in wrapper, path
 
 
@@ -167,19 +173,14 @@ def test_a_source_longer_than_the_model_reads_is_refused_before_compiling(models
 
 
 @pytest.mark.parametrize("intel", [True, False])
-def test_the_many_rows_package_packs_its_weights_only_off_intel_and_only_if_not_named(models, monkeypatch, intel):
-    """``MANY_ROWS_ELSEWHERE`` (oneDNN's packed products: 1.04x against 1.53x CTranslate2's time at batch 32, beam 4
-    on an AMD EPYC) joins the many-rows package's settings on CPUs that are not Intel's; the few-rows package and a
-    value the caller named are left as they are. The settings are part of the package key, so each has its own."""
+def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatch, intel):
+    """Off Intel, the few-rows package packs its wide products (the output projection) and the many-rows one and
+    the encoder every product (oneDNN's packed weights; ``nas.export.aot.packing``); on Intel, none. The choice is
+    part of the package key and of the file name's hash, so each has its own package."""
     from nas.export import aot
 
     monkeypatch.setattr(aot, "intel_cpu", lambda: intel)
+    assert [aot.packing(small) for small in (True, False, None)] == (["none"] * 3 if intel else ["wide", "all", "all"])
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
-    assert translator.package_options(True)["cpp.weight_prepack"] is False  # DEFAULT_OPTIONS
-    assert translator.package_options(False)["cpp.weight_prepack"] is (not intel)
-    named = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS, options={"cpp.weight_prepack": False})
-    assert named.package_options(False)["cpp.weight_prepack"] is False
-    large = VARIANTS[False]
-    keys = {package_key(translator.model, translator.arch, 3, large, translator.package_options(False)),
-            package_key(named.model, named.arch, 3, large, named.package_options(False))}
-    assert len(keys) == (1 if intel else 2)
+    keys = {package_key(translator.model, translator.arch, 3, {**VARIANTS[False], "pack": pack}) for pack in aot.PACKING}
+    assert len(keys) == len(aot.PACKING)

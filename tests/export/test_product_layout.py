@@ -1,10 +1,11 @@
 """``nas.export.aot.ProductLayout``, the AOT packages' graph pass: a product by a frozen weight becomes ``mm`` by a
-row-major copy of the weight, with the bias added after it, and the graph computes what ``F.linear`` does (the
-reference, eager). The graph is one as Inductor's freezing leaves it: the weights are ``get_attr`` constants,
+row-major copy of the weight, with the bias added after it, or (``pack``) oneDNN's product by a pre-packed weight,
+and the graph computes what ``F.linear`` does (the reference, eager). The graph is one as Inductor's freezing leaves it: the weights are ``get_attr`` constants,
 ``F.linear``'s transposed views. That the compiled packages hold no ``addmm`` is checked in ``test_aot.py``."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -57,3 +58,23 @@ def test_products_by_weights_read_row_major_copies_and_add_the_bias_after():
     summed = next(n for n in gm.graph.nodes if n.target is aten.sum.default).args[0]
     assert not getattr(gm, summed.target).is_contiguous()  # the sum reads the original constant
     torch.testing.assert_close(gm(x), _reference(x, w), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("pack, packed_products", [("all", 3), ("wide", 0)])
+def test_packed_products_compute_what_f_linear_does(pack, packed_products):
+    """``pack="all"``: every product by a weight is oneDNN's by the packed weight, the bias passed in; ``"wide"``:
+    only those at least ``PACK_WIDE`` wide (none here: 12 and 6 wide), the rest as without packing."""
+    w, x = _weights(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    gm = _frozen_graph(w, x)
+    ProductLayout(pack, rows=4)(gm.graph)
+    gm.recompile()
+    linear = [n for n in gm.graph.nodes if n.target is torch.ops.mkldnn._linear_pointwise.default]
+    assert len(linear) == packed_products
+    assert len(_products(gm)) == 4 - packed_products  # h @ h.t() stays an mm
+    assert all(getattr(gm, n.args[1].target).is_mkldnn for n in linear)
+    torch.testing.assert_close(gm(x), _reference(x, w), rtol=1e-5, atol=1e-4)
+
+
+def test_an_unknown_packing_is_refused():
+    with pytest.raises(ValueError, match="pack='some'"):
+        ProductLayout("some")
