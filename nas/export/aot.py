@@ -432,19 +432,24 @@ PACK_WIDE = 2048
 """Output width from which a product of the few-rows package is pre-packed on CPUs that are not Intel's."""
 
 
-def packing(small: bool | None) -> str:
-    """:data:`PACKING` of the few-rows step package (``small``), the many-rows one (False) or the encoder (None).
+def packing(small: bool | None, beam_size: int = 2) -> str:
+    """:data:`PACKING` of the few-rows step package (``small``), the many-rows one (False) or the encoder (None), at
+    ``beam_size``.
 
     Intel CPUs: none (MKL's own kernels; oneDNN's packed products were slower at 4 rows on a Xeon). Elsewhere
     (CTranslate2 also multiplies with oneDNN rather than MKL there), measured on a 2-core AMD EPYC with
     AVX512-BF16, 1 thread: the output projection and log-softmax as a package took 144 against 81 us at 4 rows
     and 2.26 against 1.18 ms at 128 rows (MKL's product by a plain matrix against oneDNN's by a packed one), while
-    the layers' ``[4, 128] x [128, 512]`` took 11.2 against 14.8 us eager. So: the wide products at few rows,
-    every product at many rows and in the encoder.
+    the layers' ``[4, 128] x [128, 512]`` took 11.2 against 14.8 us eager, and at one row MKL's product by the
+    output projection took 39 against 54 us (from 2 rows on, oneDNN's: 53 against 86 us). So: the wide products at
+    few rows with beams (at least 2 rows), none for greedy search at few rows (1 row at batch 1), every product at
+    many rows and in the encoder.
     """
     if intel_cpu():
         return "none"
-    return "wide" if small else "all"
+    if small:
+        return "wide" if beam_size >= 2 else "none"
+    return "all"
 
 
 def intel_cpu() -> bool:
@@ -507,7 +512,7 @@ class AotTranslator:
     def package(self, small: bool) -> Path:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
-        pack = packing(small)
+        pack = packing(small, self.beam_size)
         key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack}, self.options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():

@@ -142,7 +142,8 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
         with zipfile.ZipFile(path) as package:
             wrapper = "".join(package.read(name).decode() for name in package.namelist()
                               if name.endswith(".wrapper.cpp"))
-        pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name)  # this CPU's choice
+        beam = int(path.name.split("_")[0][4:]) if path.name.startswith("beam") else 2
+        pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name, beam)  # this CPU's
         if pack == "all":  # oneDNN's products by packed weights (CPUs that are not Intel's)
             assert "aoti_torch_cpu__linear_pointwise(" in wrapper, path
         else:
@@ -181,6 +182,8 @@ def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatc
 
     monkeypatch.setattr(aot, "intel_cpu", lambda: intel)
     assert [aot.packing(small) for small in (True, False, None)] == (["none"] * 3 if intel else ["wide", "all", "all"])
+    assert aot.packing(True, beam_size=1) == "none"  # greedy at few rows: 1 row at batch 1, MKL's faster there
+    assert aot.packing(False, beam_size=1) == ("none" if intel else "all")
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
     keys = {package_key(translator.model, translator.arch, 3, {**VARIANTS[False], "pack": pack}) for pack in aot.PACKING}
     assert len(keys) == len(aot.PACKING)
