@@ -436,7 +436,8 @@ def packing(small: bool | None, beam_size: int = 2) -> str:
     """:data:`PACKING` of the few-rows step package (``small``), the many-rows one (False) or the encoder (None), at
     ``beam_size``.
 
-    Intel CPUs: none (MKL's own kernels; oneDNN's packed products were slower at 4 rows on a Xeon). Elsewhere
+    Intel CPUs, or a torch without oneDNN: none (MKL's own kernels; oneDNN's packed products were slower at 4 rows
+    on a Xeon). Elsewhere
     (CTranslate2 also multiplies with oneDNN rather than MKL there), measured on a 2-core AMD EPYC with
     AVX512-BF16, 1 thread: the output projection and log-softmax as a package took 144 against 81 us at 4 rows
     and 2.26 against 1.18 ms at 128 rows (MKL's product by a plain matrix against oneDNN's by a packed one), while
@@ -445,7 +446,7 @@ def packing(small: bool | None, beam_size: int = 2) -> str:
     few rows with beams (at least 2 rows), none for greedy search at few rows (1 row at batch 1), every product at
     many rows and in the encoder.
     """
-    if intel_cpu():
+    if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
     if small:
         return "wide" if beam_size >= 2 else "none"
