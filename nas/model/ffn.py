@@ -177,7 +177,7 @@ class ElasticFFN(nn.Module):
         if torch.is_grad_enabled():
             product = _batched_linear
             if units == 1:
-                shared = xn.reshape(bsz * t, c)  # [N, C]: its gradient summed over the paths in place
+                shared = xn.reshape(bsz * t, c)  # [N, C]: its gradient over the paths is one product
         hidden = drop(F.relu(product(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
         return product(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
 
