@@ -91,8 +91,11 @@ class _BatchedLinear(torch.autograd.Function):
 
 
 def _batched_linear(b: torch.Tensor, x: torch.Tensor, w_t: torch.Tensor) -> torch.Tensor:
-    """``baddbmm(b, x, w_t)`` for ``w_t = w.transpose(1, 2)``, through :class:`_BatchedLinear`; ``x`` may be
-    ``[N, I]``, shared by every group. Autocast as ``baddbmm``: every operand in the autocast dtype."""
+    """``baddbmm(b, x, w_t)`` for ``w_t = w.transpose(1, 2)``; ``x`` may be ``[N, I]``, read by every group (a
+    stride-0 batch). With gradients through :class:`_BatchedLinear`, autocast as ``baddbmm``'s (every operand in
+    the autocast dtype); without, ``baddbmm`` itself (what ``torch.export`` traces)."""
+    if not torch.is_grad_enabled():
+        return torch.baddbmm(b, x.expand(w_t.size(0), *x.shape) if x.dim() == 2 else x, w_t)
     w = w_t.transpose(1, 2)
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
@@ -170,16 +173,11 @@ class ElasticFFN(nn.Module):
         w1f, b1f, w2, b2 = memoized(memo, "ffn", self.fold, ln_weight, ln_bias, ffn_width, c)
         if torch.is_autocast_enabled(xn.device.type):  # cast once, before the paths share it
             xn = xn.to(torch.get_autocast_dtype(xn.device.type))
-        shared = xn.reshape(units, 1, bsz * t, c).expand(units, n_paths, bsz * t, c)
-        # one unit: the P paths read the same memory (a stride-0 batch), nothing is copied
-        shared = shared[0] if units == 1 else shared.reshape(groups, bsz * t, c)
-        product = torch.baddbmm
-        if torch.is_grad_enabled():
-            product = _batched_linear
-            if units == 1:
-                shared = xn.reshape(bsz * t, c)  # [N, C]: its gradient over the paths is one product
-        hidden = drop(F.relu(product(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
-        return product(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
+        flat = xn.reshape(units, bsz * t, c)
+        # one unit: [N, C], read by the P paths (nothing copied; its gradient over the paths is one product)
+        shared = flat[0] if units == 1 else flat[:, None].expand(units, n_paths, bsz * t, c).reshape(groups, bsz * t, c)
+        hidden = drop(F.relu(_batched_linear(b1f[:, None, :], shared, w1f.transpose(1, 2))), dropout)  # [G, bt, F]
+        return _batched_linear(b2[:, None, :], hidden, w2.transpose(1, 2)).view(groups, bsz, t, c)
 
 
 def path_ffn(fusion: PathFusion, ffn: ElasticFFN, xu: torch.Tensor, ffn_width: int, n_paths: int,
