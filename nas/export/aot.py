@@ -444,25 +444,47 @@ def packing(small: bool | None, beam_size: int = 2) -> str:
     the layers' ``[4, 128] x [128, 512]`` took 11.2 against 14.8 us eager, and at one row MKL's product by the
     output projection took 39 against 54 us (from 2 rows on, oneDNN's: 53 against 86 us). So: the wide products at
     few rows with beams (at least 2 rows), none for greedy search at few rows (1 row at batch 1), every product at
-    many rows and in the encoder.
+    many rows and in the encoder. On such CPUs without AVX-512 (a 2-core AMD EPYC with AVX2 and FMA only, 1 thread,
+    interleaved rounds in one process), the encoder took 0.57-0.61 ms a sentence at batch 1 with MKL's products
+    against 0.80-0.92 with oneDNN's packed ones, and 26.3-30.0 against 29.6-32.4 ms for 32 sentences at once
+    (``docs/benchmarks.md``): none there for the encoder.
     """
     if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
     if small:
         return "wide" if beam_size >= 2 else "none"
+    if small is None and not avx512_cpu():
+        return "none"
     return "all"
+
+
+CPUINFO = Path("/proc/cpuinfo")
+"""What :func:`intel_cpu` and :func:`avx512_cpu` read."""
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first ``key`` line's value in :data:`CPUINFO`, or None where there is none or it cannot be read."""
+    try:
+        with open(CPUINFO, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(key):
+                    return line.partition(":")[2]
+    except OSError:
+        pass
+    return None
 
 
 def intel_cpu() -> bool:
     """Whether this machine's CPU is Intel's (``vendor_id`` in ``/proc/cpuinfo``; True where that cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return "GenuineIntel" in line
-    except OSError:
-        pass
-    return True
+    vendor = _cpuinfo("vendor_id")
+    return vendor is None or "GenuineIntel" in vendor
+
+
+def avx512_cpu() -> bool:
+    """Whether this machine's CPU has AVX-512 (``avx512f`` among the ``flags`` of ``/proc/cpuinfo``; True where
+    that cannot be read, as for Intel's in :func:`intel_cpu`)."""
+    flags = _cpuinfo("flags")
+    return flags is None or "avx512f" in flags.split()
 
 
 class AotTranslator:

@@ -173,15 +173,36 @@ def test_a_source_longer_than_the_model_reads_is_refused_before_compiling(models
     assert not (tmp_path / "cache").exists()  # nothing compiled, nothing written
 
 
+@pytest.mark.parametrize("vendor, flags, intel, avx512", [
+    ("AuthenticAMD", "fpu sse2 avx2 fma f16c", False, False),  # the AVX2-only EPYC
+    ("AuthenticAMD", "fpu avx2 avx512f avx512bw avx512_bf16", False, True),
+    ("GenuineIntel", "fpu avx2 avx512f avx512_bf16 amx_tile", True, True),
+    ("GenuineIntel", "fpu avx2 avx512_vnni_only_lookalike", True, False),  # a flag that merely begins with avx512
+])
+def test_the_cpu_is_read_from_cpuinfo(monkeypatch, tmp_path, vendor, flags, intel, avx512):
+    from nas.export import aot
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n\nprocessor\t: 1\n", encoding="utf-8")
+    monkeypatch.setattr(aot, "CPUINFO", info)
+    assert (aot.intel_cpu(), aot.avx512_cpu()) == (intel, avx512)
+    monkeypatch.setattr(aot, "CPUINFO", tmp_path / "missing")  # unreadable: Intel's and AVX-512's choices
+    assert (aot.intel_cpu(), aot.avx512_cpu()) == (True, True)
+
+
 @pytest.mark.parametrize("intel", [True, False])
-def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatch, intel):
-    """Off Intel, the few-rows package packs its wide products (the output projection) and the many-rows one and
-    the encoder every product (oneDNN's packed weights; ``nas.export.aot.packing``); on Intel, none. The choice is
-    part of the package key and of the file name's hash, so each has its own package."""
+@pytest.mark.parametrize("avx512", [True, False])
+def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatch, intel, avx512):
+    """Off Intel, the few-rows package packs its wide products (the output projection) and the many-rows one
+    every product (oneDNN's packed weights; ``nas.export.aot.packing``), and so does the encoder where the CPU has
+    AVX-512; on Intel, none. The choice is part of the package key and of the file name's hash, so each has its own
+    package."""
     from nas.export import aot
 
     monkeypatch.setattr(aot, "intel_cpu", lambda: intel)
-    assert [aot.packing(small) for small in (True, False, None)] == (["none"] * 3 if intel else ["wide", "all", "all"])
+    monkeypatch.setattr(aot, "avx512_cpu", lambda: avx512)
+    encoder = "all" if avx512 and not intel else "none"  # MKL's products in the encoder on AVX2-only CPUs
+    assert [aot.packing(small) for small in (True, False, None)] == (["none"] * 3 if intel else ["wide", "all", encoder])
     assert aot.packing(True, beam_size=1) == "none"  # greedy at few rows: 1 row at batch 1, MKL's faster there
     assert aot.packing(False, beam_size=1) == ("none" if intel else "all")
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
