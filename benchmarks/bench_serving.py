@@ -26,7 +26,9 @@ engine, sets ``--threads`` (torch threads, onnxruntime's intra-op threads, CTran
 warm-up call first) and writes its figures and outputs to a JSON file. In one process, CTranslate2's libgomp
 and onnxruntime slowed PyTorch's batch-1 decoding about 2x (issue 41). The parent prepares the engines'
 files and the inputs (the same sentences and pieces for all), runs the workers ``--rounds`` times, the
-engines interleaved in each round, and prints the median time of each engine divided by CTranslate2 fp32's.
+engines interleaved in each round, and prints the median time of each engine divided by CTranslate2 fp32's
+(the goals are judged on it) and, from 3 rounds, the quartiles of the rounds' own ratios (each round's time over
+CTranslate2's in the same round): how far one figure can be trusted on a machine that drifts.
 
 1. **Quality**: the first ``--sentences`` of Multi30k ``test_2016_flickr`` at ``--beam``, each engine batching
    its way (ours: sorted by length, 64 a batch; CTranslate2: equal source lengths together, 64 a batch): BLEU
@@ -275,18 +277,24 @@ def _report(args: argparse.Namespace, engines: list[str], runs: dict[str, list[d
             print(f"{e:<19}{row['bleu']:>7.2f}{row['chrf']:>7.2f}{row['seconds']:>8.2f}{row['sentences_per_s']:>8.1f}"
                   f"{row['time_vs_baseline']:>10.2f}{row['same_as_first']:>14.1%}")
     print(f"\nfixed length: {args.fixed} decoder steps a sentence, {len(inputs['ids'])} sentences; time / {base} "
-          f"(median of {args.rounds} round(s); {base}'s sentences/s in brackets)")
+          f"(median of {args.rounds} round(s); {base}'s sentences/s in brackets; from 3 rounds, the quartiles of the "
+          f"rounds' own ratios after it)")
     print(f"{'beam':>4}{'batch':>6}" + "".join(f"{e:>18}" for e in engines))
     for i, (beam, batch) in enumerate(args.grid):
         seconds = {e: statistics.median(r["fixed"][i]["seconds"] for r in runs[e]) for e in engines}
         cells = []
         for e in engines:
             ratio = seconds[e] / seconds[base]
+            by_round = [r["fixed"][i]["seconds"] for r in runs[e]]
+            rounds = round_ratios(by_round, [r["fixed"][i]["seconds"] for r in runs[base]])
             row = {"beam": beam, "batch": batch, "engine": e, "seconds": seconds[e], "time_vs_baseline": ratio,
-                   "seconds_by_round": [r["fixed"][i]["seconds"] for r in runs[e]],
+                   "seconds_by_round": by_round, "ratio_by_round": rounds, "ratio_quartiles": quartiles(rounds),
                    "output_lengths": runs[e][-1]["fixed"][i]["output_lengths"]}
             result["fixed_length"].append(row)
-            extra = f" ({len(inputs['ids']) / seconds[e]:.1f})" if e == base else ""
+            if e == base:
+                extra = f" ({len(inputs['ids']) / seconds[e]:.1f})"
+            else:
+                extra = " ({:.2f}-{:.2f})".format(*row["ratio_quartiles"]) if len(rounds) >= 3 else ""
             cells.append(f"{ratio:.2f}{extra}")
         print(f"{beam:>4}{batch:>6}" + "".join(f"{c:>18}" for c in cells))
         for other, key in (("pytorch-base", "base_outputs_equal"), ("pytorch-aot", "aot_outputs_equal")):
@@ -302,6 +310,22 @@ def _report(args: argparse.Namespace, engines: list[str], runs: dict[str, list[d
                 print(f"goal beam {beam}, batch {batch}: {ours} at {got[0]['time_vs_baseline']:.2f}x CTranslate2 "
                       f"fp32's time (goal {goal}x or less): {ok}")
     return result
+
+
+def round_ratios(mine: list[float], base: list[float]) -> list[float]:
+    """Each round's time over the baseline engine's in the same round (the engines ran one after the other in it,
+    so a round's ratio is less exposed to the machine's drift than the medians' ratio)."""
+    if len(mine) != len(base):
+        raise ValueError(f"{len(mine)} rounds against the baseline's {len(base)}")
+    return [a / b for a, b in zip(mine, base)]
+
+
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``values`` (``statistics.quantiles``, inclusive); one value: it twice."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
 
 
 def _read_refs(args: argparse.Namespace) -> list[str]:
