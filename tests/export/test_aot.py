@@ -130,13 +130,14 @@ def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
 
 
 def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
-    # nas.export.aot.ProductLayout ran in every package's compilation: its kernels call ATen's mm, never addmm (the
-    # bias is added in Inductor's kernels after the product; tests/export/test_product_layout.py checks the pass)
+    # nas.export.aot_products.ProductLayout ran in every package's compilation: its kernels call ATen's mm, never
+    # addmm (the bias is added in Inductor's kernels after the product; tests/export/test_product_layout.py checks
+    # the pass)
     translator = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
     translator.runner(3), translator.runner(30), translator.encoder()  # compiled by earlier tests, or now
     packages = sorted(cache_dir.glob("*.pt2"))  # these three, and those of the module's other tests
     assert len(packages) >= 3
-    from nas.export.aot import packing
+    from nas.export.aot_products import packing
 
     for path in packages:
         with zipfile.ZipFile(path) as package:
@@ -180,7 +181,7 @@ def test_a_source_longer_than_the_model_reads_is_refused_before_compiling(models
     ("GenuineIntel", "fpu avx2 avx512_vnni_only_lookalike", True, False),  # a flag that merely begins with avx512
 ])
 def test_the_cpu_is_read_from_cpuinfo(monkeypatch, tmp_path, vendor, flags, intel, avx512):
-    from nas.export import aot
+    from nas.export import aot_products as aot
 
     info = tmp_path / "cpuinfo"
     info.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n\nprocessor\t: 1\n", encoding="utf-8")
@@ -194,15 +195,16 @@ def test_the_cpu_is_read_from_cpuinfo(monkeypatch, tmp_path, vendor, flags, inte
 @pytest.mark.parametrize("avx512", [True, False])
 def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatch, intel, avx512):
     """Off Intel, the few-rows package packs its wide products (the output projection) and the many-rows one
-    every product (oneDNN's packed weights; ``nas.export.aot.packing``), and so does the encoder where the CPU has
-    AVX-512; on Intel, none. The choice is part of the package key and of the file name's hash, so each has its own
-    package."""
-    from nas.export import aot
+    every product (oneDNN's packed weights; ``nas.export.aot_products.packing``), and so does the encoder where
+    the CPU has AVX-512; on Intel, none. The choice is part of the package key and of the file name's hash, so each
+    has its own package."""
+    from nas.export import aot_products as aot
 
     monkeypatch.setattr(aot, "intel_cpu", lambda: intel)
     monkeypatch.setattr(aot, "avx512_cpu", lambda: avx512)
     encoder = "all" if avx512 and not intel else "none"  # MKL's products in the encoder on AVX2-only CPUs
-    assert [aot.packing(small) for small in (True, False, None)] == (["none"] * 3 if intel else ["wide", "all", encoder])
+    chosen = [aot.packing(small) for small in (True, False, None)]  # few rows, many rows, the encoder
+    assert chosen == (["none"] * 3 if intel else ["wide", "all", encoder])
     assert aot.packing(True, beam_size=1) == "none"  # greedy at few rows: 1 row at batch 1, MKL's faster there
     assert aot.packing(False, beam_size=1) == ("none" if intel else "all")
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)

@@ -1,4 +1,4 @@
-"""``nas.export.aot.ProductLayout``, the AOT packages' graph pass: a product by a frozen weight becomes ``mm`` by a
+"""``nas.export.aot_products.ProductLayout``, the AOT packages' graph pass: a product by a frozen weight becomes ``mm`` by a
 row-major copy of the weight, with the bias added after it, or (``pack``) oneDNN's product by a pre-packed weight,
 and the graph computes what ``F.linear`` does (the reference, eager). The graph is one as Inductor's freezing leaves it: the weights are ``get_attr`` constants,
 ``F.linear``'s transposed views. That the compiled packages hold no ``addmm`` is checked in ``test_aot.py``."""
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from nas.export.aot import ProductLayout
+from nas.export.aot_products import ProductLayout
 
 aten = torch.ops.aten
 
