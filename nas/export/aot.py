@@ -334,6 +334,8 @@ step (0.97x the time at batch 1 and at batch 32, beam 4, interleaved A/B), witho
 at 4 rows)."""
 VARIANTS = {True: {"autotune": False, "candidates": True}, False: {"autotune": False, "candidates": False}}
 """The two packages of :class:`AotTranslator`: for up to :data:`SMALL_ROWS` hypotheses (True) and for more."""
+
+
 class AotTranslator:
     """Translate with an export's decoder compiled ahead of time (module docstring): the same search, tokens and
     batching as :meth:`nas.export.Exported.translate`, on the compiled step.
