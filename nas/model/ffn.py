@@ -57,8 +57,11 @@ class _BatchedLinear(torch.autograd.Function):
     Autograd through ``baddbmm(b, x, w.transpose(1, 2))`` computes ``x^T dy`` as ``[G, I, O]`` and hands back
     its transposed view, so every later pass over the weight gradient (the fold's, the crop's, the cast to
     fp32) strides through memory, and ``bmm`` reads a stride-0 ``x^T`` slowly. Here ``dW = dy^T x`` is computed
-    as ``[G, O, I]`` directly, as ``F.linear``'s backward does for one group, and a shared input's gradient
-    ``sum_g dy_g W_g`` is one product, without the ``[G, N, I]`` intermediate. Under autocast the
+    as ``[G, O, I]`` directly, as ``F.linear``'s backward does for one group. A shared input's gradient
+    ``sum_g dy_g W_g`` is G products summed (what autograd computes through the stride-0 batch): as one product
+    ``[N, G*O] x [G*O, I]`` it needed a transposed copy of ``dy``, and on an Intel Xeon with AMX, bf16, 2 threads,
+    took 2.98 against 1.86 ms for ``G = 4, N = 1024, O = I = 512`` (a K of 2048 runs at half the rate of
+    512 there); in fp32 the two took 8.35 and 8.16 ms. Under autocast the
     product runs in the autocast dtype and each gradient is returned in its input's dtype.
     """
 
@@ -78,8 +81,8 @@ class _BatchedLinear(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             grad_b = grad.sum(1, keepdim=True).to(b_dtype)  # as autograd through baddbmm: fp32 sums, rounded once
         if ctx.needs_input_grad[1]:
-            if x.dim() == 2:  # sum_g dy_g W_g as one product, accumulated in the kernel: [N, G*O] x [G*O, I]
-                grad_x = torch.mm(grad.transpose(0, 1).reshape(x.size(0), -1), w.reshape(-1, w.size(-1)))
+            if x.dim() == 2:  # sum_g dy_g W_g: G products, summed in fp32 and rounded once (as autograd's expand)
+                grad_x = torch.bmm(grad, w).sum(0)
             else:
                 grad_x = torch.bmm(grad, w)
             grad_x = grad_x.to(x_dtype)

@@ -115,3 +115,23 @@ def test_under_bf16_autocast_the_sublayer_stays_close_to_the_fp32_transcription(
              *(f"ffn.{n}" for n, _ in ffn.named_parameters())]
     for name, g, w in zip(names, _grads(got, weights, tensors), _grads(want, weights, tensors)):
         assert (g - w).norm().item() <= 0.12 * w.norm().item(), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_shared_inputs_gradient_is_autograds_through_the_stride0_batch(dtype):
+    """``_BatchedLinear``'s gradient of an input read by every group is what autograd computes through
+    ``baddbmm`` of the expanded input: each group's product, summed over the groups (in fp32, rounded once).
+    In bf16 the group products round before the sum, so a single ``[N, G*O] x [G*O, I]`` product (the code
+    before) rounds differently and fails this bit-for-bit comparison."""
+    from nas.model.ffn import _BatchedLinear
+
+    torch.manual_seed(0)
+    groups, n, i, o = 4, 64, 32, 48
+    x = torch.randn(n, i, dtype=dtype, requires_grad=True)
+    w = torch.randn(groups, o, i, dtype=dtype, requires_grad=True)
+    b = torch.randn(groups, 1, o, dtype=dtype, requires_grad=True)
+    grad = torch.randn(groups, n, o, dtype=dtype)
+    (got,) = torch.autograd.grad(_BatchedLinear.apply(b, x, w), x, grad)
+    (want,) = torch.autograd.grad(torch.baddbmm(b, x.expand(groups, n, i), w.transpose(1, 2)), x, grad)
+    assert got.dtype == dtype
+    assert torch.equal(got, want)
