@@ -13,7 +13,10 @@ Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
    and inference (teacher-forced forward, no grad; goal <= 1.05).
 
 Each side first runs `--reps` times (warm-up); rounds are then interleaved (A, B, A, B, ...) and medians
-compared, so machine noise hits both.
+compared, so machine noise hits both. The goals are judged on the medians' ratio; after it, the first and third
+quartiles of the rounds' own ratios (each A round over the B round next to it) show how far one figure can be
+trusted on a noisy machine (on a 2-core VM the FFN line's medians' ratio moved 1.05-1.34 between processes at 5
+rounds: prefer `--rounds 15` for a figure to report).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from typing import Callable
 
 import torch
+from bench_serving import quartiles, round_ratios
 
 from nas.model.attention import MultiBranchAttention
 from nas.model.ffn import ElasticFFN, path_ffn
@@ -54,8 +58,9 @@ def _compare(name: str, a: Callable[[], None], b: Callable[[], None], rounds: in
         ta.append(_time(a, reps))
         tb.append(_time(b, reps))
     ratio = statistics.median(ta) / statistics.median(tb)
+    low, high = quartiles(round_ratios(ta, tb))
     print(f"{name:<62}{statistics.median(ta) * 1e3:>9.2f} ms {statistics.median(tb) * 1e3:>9.2f} ms"
-          f"{ratio:>8.3f}  " + ("(no goal)" if goal is None else f"(goal <= {goal})"))
+          f"{ratio:>8.3f} ({low:.2f}-{high:.2f})  " + ("(no goal)" if goal is None else f"(goal <= {goal})"))
     return ratio
 
 
@@ -93,7 +98,7 @@ def main() -> None:
     args.precision = resolve_precision(args.precision, "cpu")
     autocast = autocast_for(args.precision, "cpu")
     print(f"{args.threads} threads, {args.precision}; medians of {args.rounds} interleaved rounds x {args.reps} reps")
-    print(f"{'comparison (A vs B)':<62}{'A':>12}{'B':>12}{'A/B':>8}")
+    print(f"{'comparison (A vs B)':<62}{'A':>12}{'B':>12}{'A/B':>8} (quartiles of the rounds' own A/B)")
 
     c, bsz, t = 512, 32, 32
     x = torch.randn(1, bsz, t, c)  # [groups, b, t, C]
