@@ -161,14 +161,16 @@ def default_cache_dir() -> Path:
 def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: dict[str, bool],
                 options: dict[str, Any] | None = None) -> str:
     """A hash of what the compiled package depends on: weights, config, arch, beam size, options, the source of
-    ``nas.model`` and of the export code it is traced with, torch's version, the machine and its CPU instruction
+    ``nas.model``, of the export code it is traced with and of the products' graph pass (:mod:`nas.export.aot_products`), torch's version, the machine and its CPU instruction
     set (``torch.backends.cpu.get_cpu_capability()``)."""
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
         h.update(name.encode())
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
     code = Path(__file__).parent.parent  # the nas package: the graph is traced from its model and export code
-    for source in sorted([*(code / "model").glob("*.py"), Path(__file__), code / "export" / "onnx.py"]):
+    sources = [*(code / "model").glob("*.py"), Path(__file__), code / "export" / "onnx.py",
+               code / "export" / "aot_products.py"]  # the graph pass that lays out the products
+    for source in sorted(sources):
         h.update(source.read_bytes())
     meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "variant": variant,
             "options": options or {}, "torch": torch.__version__, "machine": platform.machine(),

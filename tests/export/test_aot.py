@@ -11,6 +11,7 @@ and fixed-length search (EOS forced at the bound, also where the bound comes bef
 from __future__ import annotations
 
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -106,6 +107,18 @@ def test_translate_gives_the_exports_translations(models, sentences, cache_dir):
     translator = AotTranslator(models["plain"], cache_dir=cache_dir, small_rows=SMALL_ROWS)
     assert translator.beam_size == 3  # the export's
     assert translator.translate(sentences + [""]) == load_export(models["plain"]).translate(sentences + [""])
+
+
+def test_the_package_key_follows_the_products_graph_pass_source(models, monkeypatch):
+    """A package compiled with an older ``ProductLayout`` pass (``nas/export/aot_products.py``, split out of
+    ``aot.py``) must not be loaded from the cache: the pass's source is part of the key, as ``aot.py``'s is."""
+    model = load_export(models["plain"]).model
+    arch = model.check_arch(load_export(models["plain"]).arch)
+    key = package_key(model, arch, 3, VARIANTS[True])
+    read = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes",
+                        lambda self: read(self) + (b"# edited" if self.name == "aot_products.py" else b""))
+    assert package_key(model, arch, 3, VARIANTS[True]) != key
 
 
 def test_a_package_is_compiled_once_and_keyed_by_the_weights(models, cache_dir):
