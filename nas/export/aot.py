@@ -75,6 +75,7 @@ from torch import nn
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
 from nas.export.aot_products import PACKING, ProductLayout, packing
+from nas.export.sgemm import load as load_sgemm, shim_options
 from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
 from nas.model.decode import beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
@@ -169,7 +170,8 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
         h.update(t.detach().contiguous().cpu().numpy().tobytes())
     code = Path(__file__).parent.parent  # the nas package: the graph is traced from its model and export code
     sources = [*(code / "model").glob("*.py"), Path(__file__), code / "export" / "onnx.py",
-               code / "export" / "aot_products.py"]  # the graph pass that lays out the products
+               code / "export" / "aot_products.py",  # the graph pass that lays out the products
+               code / "export" / "sgemm.py"]  # the C shim of oneDNN's sgemm those products may call
     for source in sorted(sources):
         h.update(source.read_bytes())
     meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "variant": variant,
@@ -186,7 +188,8 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     """Export the beam-search step of ``arch`` (:class:`_BeamStepGraph`) and compile it with AOTInductor into the
     package ``path`` (written atomically). Every row count, source length and past length is a dynamic axis.
 
-    ``pack``: which products multiply by oneDNN's pre-packed weights (:data:`PACKING`).
+    ``pack``: which products multiply by oneDNN's pre-packed weights or through its sgemm (:data:`PACKING`; the
+    package of an ``sgemm`` choice loads only where :func:`nas.export.sgemm.load` has loaded the shim).
 
     Raises:
         ValueError: ``beam_size < 1``, an unknown ``pack``.
@@ -237,6 +240,8 @@ def _compile(program: Any, path: Path, options: dict[str, Any], layout: ProductL
     work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))  # ours: removed below
     try:
         options = {"post_grad_custom_post_pass": layout or ProductLayout(), **options}
+        if layout is not None and layout.pack.startswith("sgemm"):
+            options.update(shim_options())  # the op compiles to a direct call of its C shim
         torch._inductor.aoti_compile_and_package(program, package_path=str(work / "package.pt2"),
                                                  inductor_configs=options)
         os.replace(work / "package.pt2", path)  # a kill leaves no half-written package under the name
@@ -386,7 +391,7 @@ class AotTranslator:
     def package(self, small: bool) -> Path:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
-        pack = packing(small, self.beam_size)
+        pack = packing(small, self.beam_size, sgemm=load_sgemm(self.cache_dir))
         key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack}, self.options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
@@ -399,7 +404,7 @@ class AotTranslator:
     def encoder(self) -> Any:
         """The loaded encoder package (compiled now if missing; one per model, any beam size)."""
         if self._encoder is None:
-            pack = packing(None)
+            pack = packing(None, sgemm=load_sgemm(self.cache_dir))
             key = package_key(self.model, self.arch, 0, {"encoder": True, "pack": pack}, self.options)
             path = self.cache_dir / f"encoder_{key}.pt2"
             if not path.exists():

@@ -12,16 +12,20 @@ from pathlib import Path
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+import nas.export.sgemm  # noqa: F401  (registers torch.ops.nas.dnnl_sgemm, which the pass may insert)
+
 __all__ = ["PACKING", "PACK_WIDE", "ProductLayout", "avx512_cpu", "intel_cpu", "packing"]
 
-PACKING = ("none", "wide", "all")
+PACKING = ("none", "wide", "all", "sgemm", "sgemm-wide")
 """Which products of a package multiply by oneDNN's pre-packed weights (:class:`ProductLayout`): none, those at
-least :data:`PACK_WIDE` wide (the output projection), or all."""
+least :data:`PACK_WIDE` wide (the output projection), or all; or by row-major weights through oneDNN's
+``dnnl_sgemm`` (:mod:`nas.export.sgemm`): all (``sgemm``) or those at least :data:`PACK_WIDE` wide
+(``sgemm-wide``, the others by MKL's ``mm``)."""
 PACK_WIDE = 2048
 """Output width from which a product of the few-rows package is pre-packed on CPUs that are not Intel's."""
 
 
-def packing(small: bool | None, beam_size: int = 2) -> str:
+def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     """:data:`PACKING` of the few-rows step package (``small``), the many-rows one (False) or the encoder (None), at
     ``beam_size``.
 
@@ -40,6 +44,8 @@ def packing(small: bool | None, beam_size: int = 2) -> str:
     """
     if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
+    if sgemm and not avx512_cpu():
+        return "none" if small is None else "sgemm" if small else "sgemm-wide"
     if small:
         return "wide" if beam_size >= 2 else "none"
     if small is None and not avx512_cpu():
@@ -119,9 +125,11 @@ class ProductLayout(CustomGraphPass):
             value = getattr(module, weight.target)
             if value.dim() != 2:
                 continue
-            if self.pack == "all" or (self.pack == "wide" and value.size(1) >= PACK_WIDE):
+            wide = value.size(1) >= PACK_WIDE
+            if self.pack == "all" or (self.pack == "wide" and wide):
                 self._packed(graph, node, weight, value, packed)
                 continue
+            sgemm = self.pack == "sgemm" or (self.pack == "sgemm-wide" and wide)
             if not value.is_contiguous():
                 if weight.target not in layouts:
                     name = f"{weight.target}_row_major"
@@ -133,11 +141,12 @@ class ProductLayout(CustomGraphPass):
                         meta["val"] = meta["val"].contiguous()
                     layouts[weight.target].meta = meta
                 node.replace_input_with(weight, layouts[weight.target])
-            if node.target is aten.addmm.default:
-                bias, x, weight = node.args
+            if node.target is aten.addmm.default or sgemm:
+                bias, x, weight = node.args if node.target is aten.addmm.default else (None, *node.args)
                 with graph.inserting_before(node):
-                    product = graph.call_function(aten.mm.default, (x, weight))
-                    summed = graph.call_function(aten.add.Tensor, (product, bias))
+                    product = graph.call_function(torch.ops.nas.dnnl_sgemm.default if sgemm else aten.mm.default,
+                                                  (x, weight))
+                    summed = product if bias is None else graph.call_function(aten.add.Tensor, (product, bias))
                 product.meta, summed.meta = dict(node.meta), dict(node.meta)
                 node.replace_all_uses_with(summed)
                 graph.erase_node(node)
@@ -164,4 +173,4 @@ class ProductLayout(CustomGraphPass):
 
     def uuid(self) -> str:
         """Inductor's cache key of the pass."""
-        return f"nas.export.aot.ProductLayout/2/{self.pack}/{self.rows}"
+        return f"nas.export.aot.ProductLayout/3/{self.pack}/{self.rows}"

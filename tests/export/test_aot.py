@@ -103,6 +103,24 @@ def test_greedy_compiled_search_equals_the_eager_search(models, tokenizer, sente
                  beam_search(translator.model, src, beam_size=1, return_scores=True))
 
 
+def test_the_search_through_onednns_sgemm_equals_the_eager_search(models, tokenizer, sentences, cache_dir,
+                                                                   monkeypatch):
+    """Every product of the few-rows package through ``nas.export.sgemm``'s shim (the choice on AVX2-only AMD
+    CPUs), whatever this CPU: the same tokens and scores as the eager search."""
+    from nas.export import aot, sgemm
+
+    if not sgemm.load(cache_dir):
+        pytest.skip("no libdnnl.so.3 (pip install 'nas[serve]' installs onednn-cpu-gomp) or no C++ compiler")
+    monkeypatch.setattr(aot, "packing", lambda small, beam_size=2, sgemm=False: "sgemm" if small else "none")
+    translator = AotTranslator(models["mixed"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    src = _sources(tokenizer, sentences[:2])
+    _assert_same(translator.beam_search(src, return_scores=True),
+                 beam_search(translator.model, src, beam_size=3, return_scores=True))
+    with zipfile.ZipFile(translator.package(True)) as package:
+        wrapper = "".join(package.read(n).decode() for n in package.namelist() if n.endswith(".wrapper.cpp"))
+    assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1 and "aoti_torch_cpu_mm_out(" not in wrapper
+
+
 def test_translate_gives_the_exports_translations(models, sentences, cache_dir):
     translator = AotTranslator(models["plain"], cache_dir=cache_dir, small_rows=SMALL_ROWS)
     assert translator.beam_size == 3  # the export's
@@ -150,16 +168,25 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
     translator.runner(3), translator.runner(30), translator.encoder()  # compiled by earlier tests, or now
     packages = sorted(cache_dir.glob("*.pt2"))  # these three, and those of the module's other tests
     assert len(packages) >= 3
-    from nas.export.aot_products import packing
+    from nas.export.aot_products import PACK_WIDE, packing
+    from nas.export.sgemm import load
 
     for path in packages:
         with zipfile.ZipFile(path) as package:
             wrapper = "".join(package.read(name).decode() for name in package.namelist()
                               if name.endswith(".wrapper.cpp"))
         beam = int(path.name.split("_")[0][4:]) if path.name.startswith("beam") else 2
-        pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name, beam)  # this CPU's
-        if pack == "all":  # oneDNN's products by packed weights (CPUs that are not Intel's)
+        pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name, beam,
+                       sgemm=load(cache_dir))  # this CPU's
+        if pack == "all":  # oneDNN's products by packed weights (AMD CPUs with AVX-512)
             assert "aoti_torch_cpu__linear_pointwise(" in wrapper, path
+        elif pack == "sgemm":  # oneDNN's sgemm through nas.export.sgemm's shim (AVX2-only AMD CPUs)
+            assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1, path  # the declaration, then the calls
+            assert "aoti_torch_cpu_mm_out(" not in wrapper, path
+        elif pack == "sgemm-wide":  # the output projection through the shim, if wide enough; the layers MKL's
+            wide = translator.model.vocab_size >= PACK_WIDE  # not the test's 300 tokens
+            assert (wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1) == wide, path
+            assert "aoti_torch_cpu_mm_out(" in wrapper, path
         else:
             assert "aoti_torch_cpu_mm_out(" in wrapper, path
         assert "aoti_torch_cpu_addmm_out(" not in wrapper, path
@@ -220,6 +247,10 @@ def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatc
     assert chosen == (["none"] * 3 if intel else ["wide", "all", encoder])
     assert aot.packing(True, beam_size=1) == "none"  # greedy at few rows: 1 row at batch 1, MKL's faster there
     assert aot.packing(False, beam_size=1) == ("none" if intel else "all")
+    # with oneDNN's sgemm loaded (nas.export.sgemm): on AVX2-only AMD CPUs every product of the few-rows package
+    # and the output projection of the many-rows one go through it; elsewhere the choices above
+    with_sgemm = [aot.packing(small, sgemm=True) for small in (True, False, None)]
+    assert with_sgemm == (chosen if intel or avx512 else ["sgemm", "sgemm-wide", "none"])
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
     keys = {package_key(translator.model, translator.arch, 3, {**VARIANTS[False], "pack": pack}) for pack in aot.PACKING}
     assert len(keys) == len(aot.PACKING)

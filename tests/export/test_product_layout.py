@@ -78,3 +78,23 @@ def test_packed_products_compute_what_f_linear_does(pack, packed_products):
 def test_an_unknown_packing_is_refused():
     with pytest.raises(ValueError, match="pack='some'"):
         ProductLayout("some")
+
+
+@pytest.mark.parametrize("pack, sgemm_products", [("sgemm", 3), ("sgemm-wide", 1)])
+def test_sgemm_products_compute_what_f_linear_does(monkeypatch, pack, sgemm_products):
+    """``pack="sgemm"``: every product by a weight becomes ``nas::dnnl_sgemm`` (oneDNN's sgemm in a package,
+    ``nas.export.sgemm``) by the row-major copy, the bias added after it; ``"sgemm-wide"``: only those at least
+    ``PACK_WIDE`` wide (set to 12 here: ``w1``'s product; the two 6 wide by ``w2`` stay MKL's ``mm``)."""
+    from nas.export import aot_products
+
+    monkeypatch.setattr(aot_products, "PACK_WIDE", 12)  # w1's product (12 wide) is wide, w2's (6) are not
+    w, x = _weights(), torch.randn(4, 8, generator=torch.Generator().manual_seed(1))
+    gm = _frozen_graph(w, x)
+    ProductLayout(pack)(gm.graph)
+    gm.recompile()
+    sgemm = [n for n in gm.graph.nodes if n.target is torch.ops.nas.dnnl_sgemm.default]
+    assert len(sgemm) == sgemm_products
+    assert all(getattr(gm, n.args[1].target).is_contiguous() for n in sgemm)  # row-major [C_in, C_out]
+    assert not any(n.target is aten.addmm.default for n in gm.graph.nodes)
+    assert len(_products(gm)) == 4 - len(sgemm)  # h @ h.t() and the narrow ones stay mm
+    torch.testing.assert_close(gm(x), _reference(x, w), rtol=1e-6, atol=1e-5)
