@@ -74,7 +74,7 @@ from torch import nn
 
 from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
-from nas.export.aot_products import PACKING, ProductLayout, packing
+from nas.export.aot_products import PACKING, ProductLayout, packing, sgemm_cpu
 from nas.export.sgemm import load as load_sgemm, shim_options
 from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
 from nas.model.decode import beam_candidates, candidate_block, search
@@ -391,7 +391,7 @@ class AotTranslator:
     def package(self, small: bool) -> Path:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
-        pack = packing(small, self.beam_size, sgemm=load_sgemm(self.cache_dir))
+        pack = packing(small, self.beam_size, sgemm=self._sgemm())
         key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack}, self.options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
@@ -401,10 +401,15 @@ class AotTranslator:
             self.compile_seconds[small] = time.perf_counter() - start
         return path
 
+    def _sgemm(self) -> bool:
+        """Whether oneDNN's sgemm is loaded for the packages (:mod:`nas.export.sgemm`; built and loaded only on
+        CPUs where :func:`~nas.export.aot_products.packing` would choose it)."""
+        return sgemm_cpu() and load_sgemm(self.cache_dir)
+
     def encoder(self) -> Any:
         """The loaded encoder package (compiled now if missing; one per model, any beam size)."""
         if self._encoder is None:
-            pack = packing(None, sgemm=load_sgemm(self.cache_dir))
+            pack = packing(None, sgemm=self._sgemm())
             key = package_key(self.model, self.arch, 0, {"encoder": True, "pack": pack}, self.options)
             path = self.cache_dir / f"encoder_{key}.pt2"
             if not path.exists():

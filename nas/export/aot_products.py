@@ -14,7 +14,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import nas.export.sgemm  # noqa: F401  (registers torch.ops.nas.dnnl_sgemm, which the pass may insert)
 
-__all__ = ["PACKING", "PACK_WIDE", "ProductLayout", "avx512_cpu", "intel_cpu", "packing"]
+__all__ = ["PACKING", "PACK_WIDE", "ProductLayout", "avx512_cpu", "intel_cpu", "packing", "sgemm_cpu"]
 
 PACKING = ("none", "wide", "all", "sgemm", "sgemm-wide")
 """Which products of a package multiply by oneDNN's pre-packed weights (:class:`ProductLayout`): none, those at
@@ -41,6 +41,14 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     interleaved rounds in one process), the encoder took 0.57-0.61 ms a sentence at batch 1 with MKL's products
     against 0.80-0.92 with oneDNN's packed ones, and 26.3-30.0 against 29.6-32.4 ms for 32 sentences at once
     (``docs/benchmarks.md``): none there for the encoder.
+
+    With ``sgemm`` (oneDNN's ``dnnl_sgemm`` loaded, :func:`nas.export.sgemm.load`) on CPUs that are not Intel's and
+    lack AVX-512: every product of the few-rows package by it (``sgemm``), and the wide ones of the many-rows
+    package (``sgemm-wide``: at 128 rows ``[128, 128] x [128, 6000]`` took 2.06 ms by it against 2.2-2.5 ms by MKL
+    or oneDNN's packed weights, while ``[128, 128] x [128, 512]`` took 0.25 against MKL's 0.20 ms). On the 2-core
+    AVX2 EPYC this took the batch-1, beam-4 translation from 1.20x to 1.10x CTranslate2 fp32's time and batch 32
+    from 1.12x to 1.05x (``docs/benchmarks.md``). Not measured on AMD CPUs with AVX-512, which keep the choices
+    above.
     """
     if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
@@ -51,6 +59,12 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     if small is None and not avx512_cpu():
         return "none"
     return "all"
+
+
+def sgemm_cpu() -> bool:
+    """Whether :func:`packing` would choose oneDNN's sgemm on this CPU, were it loaded (not Intel's, no AVX-512): the
+    only CPUs on which :class:`nas.export.aot.AotTranslator` builds and loads :mod:`nas.export.sgemm`'s shim."""
+    return not intel_cpu() and not avx512_cpu() and torch.backends.mkldnn.is_available()
 
 
 CPUINFO = Path("/proc/cpuinfo")
