@@ -46,8 +46,8 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     lack AVX-512: every product of the few-rows package by it (``sgemm``), and the wide ones of the many-rows
     package (``sgemm-wide``: at 128 rows ``[128, 128] x [128, 6000]`` took 2.06 ms by it against 2.2-2.5 ms by MKL
     or oneDNN's packed weights, while ``[128, 128] x [128, 512]`` took 0.25 against MKL's 0.20 ms). On the 2-core
-    AVX2 EPYC this took the batch-1, beam-4 translation from 1.20x to 1.10x CTranslate2 fp32's time and batch 32
-    from 1.12x to 1.05x (``docs/benchmarks.md``). Not measured on AMD CPUs with AVX-512, which keep the choices
+    AVX2 EPYC this took the batch-1, beam-4 translation from 1.20x to 1.02-1.10x CTranslate2 fp32's time and batch
+    32 from 1.12x to 1.00-1.10x (three runs, ``docs/benchmarks.md``). Not measured on AMD CPUs with AVX-512, which keep the choices
     above.
     """
     if intel_cpu() or not torch.backends.mkldnn.is_available():

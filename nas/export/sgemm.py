@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -31,6 +32,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 __all__ = ["C_SHIMS", "dnnl_sgemm", "find_dnnl", "load", "shim_options"]
 
@@ -50,7 +53,9 @@ AOTITorchError aoti_torch_cpu_dnnl_sgemm(AtenTensorHandle x, AtenTensorHandle w,
       aoti_torch_get_strides(w, &wt))
     return AOTI_TORCH_FAILURE;
   const int64_t M = xs[0], K = xs[1], N = ws[1];
-  if (ws[0] != K || (M > 1 && K > 1 && xt[1] != 1) || (K > 1 && N > 1 && wt[1] != 1)) return AOTI_TORCH_FAILURE;
+  // rows unit-strided inside and not overlapping: anything else is refused (an error, never a wrong product)
+  if (ws[0] != K || (K > 1 && xt[1] != 1) || (N > 1 && wt[1] != 1) || (M > 1 && xt[0] < K) || (K > 1 && wt[0] < N))
+    return AOTI_TORCH_FAILURE;
   int64_t sizes[2] = {M, N}, strides[2] = {N, 1};
   AtenTensorHandle out;
   if (aoti_torch_empty_strided(2, sizes, strides, aoti_torch_dtype_float32(), aoti_torch_device_type_cpu(), 0,
@@ -115,8 +120,10 @@ _LOADED: dict[str, bool] = {}
 
 def load(cache_dir: str | Path) -> bool:
     """Build (once per machine, under ``cache_dir/sgemm``, written atomically) and load the shim with
-    ``RTLD_GLOBAL``. True when it is loaded; False where ``libdnnl`` or a C++ compiler (``$CXX`` or ``g++``) is
-    missing, or the build fails (the packages then keep MKL's products: :func:`nas.export.aot_products.packing`)."""
+    ``RTLD_GLOBAL``, once per process (later calls return the first one's answer). True when it is loaded; False
+    where ``libdnnl`` or a C++ compiler (``$CXX`` or ``g++``) is missing, or the build or the load fails (logged as a
+    warning with the compiler's message; the packages then keep MKL's products:
+    :func:`nas.export.aot_products.packing`)."""
     if "ok" in _LOADED:
         return _LOADED["ok"]
     _LOADED["ok"] = False
@@ -134,12 +141,16 @@ def load(cache_dir: str | Path) -> bool:
             cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{torch_dir / 'include'}", str(src), "-o",
                    str(out), str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}", "-ltorch_cpu",
                    "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
-            if subprocess.run(cmd, capture_output=True).returncode != 0:
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                log.warning("could not build oneDNN's sgemm shim (%s); the AOT packages keep MKL's products:\n%s",
+                            " ".join(cmd), done.stderr[-2000:])
                 return False
             os.replace(out, lib)  # a kill leaves no half-written library under the name
     try:
         ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
-    except OSError:
+    except OSError as e:
+        log.warning("could not load %s (%s); the AOT packages keep MKL's products", lib, e)
         return False
     _LOADED["ok"] = True
     return True

@@ -86,3 +86,13 @@ def test_the_op_is_a_product_eagerly_and_in_shape_propagation():
     with FakeTensorMode() as mode:
         out = torch.ops.nas.dnnl_sgemm(mode.from_tensor(x), mode.from_tensor(w))
     assert out.shape == (3, 6)
+
+
+def test_a_failed_build_is_a_warning_and_leaves_no_library(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(sgemm, "_LOADED", {})
+    monkeypatch.setattr(sgemm, "find_dnnl", lambda: tmp_path / "libdnnl.so.3")
+    monkeypatch.setenv("CXX", "false")  # a compiler that fails
+    with caplog.at_level("WARNING", logger="nas.export.sgemm"):
+        assert sgemm.load(tmp_path) is False
+    assert "could not build oneDNN's sgemm shim" in caplog.text
+    assert list((tmp_path / "sgemm").iterdir()) == []  # no library, no build folder left
