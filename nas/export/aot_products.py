@@ -50,10 +50,10 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     32 from 1.12x to 1.00-1.10x (three runs, ``docs/benchmarks.md``). Not measured on AMD CPUs with AVX-512, which keep the choices
     above.
     """
+    if sgemm and sgemm_cpu():
+        return "none" if small is None else "sgemm" if small else "sgemm-wide"
     if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
-    if sgemm and not avx512_cpu():
-        return "none" if small is None else "sgemm" if small else "sgemm-wide"
     if small:
         return "wide" if beam_size >= 2 else "none"
     if small is None and not avx512_cpu():

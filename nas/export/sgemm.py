@@ -11,7 +11,7 @@ wheel (``libdnnl.so.3`` under ``sys.prefix/lib``; the ``serve`` extra installs i
 
 How: :func:`load` compiles a 40-line C++ shim against AOTInductor's C ABI (``aoti_torch_*``: no ATen headers, under
 a second) once per machine into the package cache, and loads it with ``RTLD_GLOBAL``, so that a package compiled with
-:data:`C_SHIMS` finds ``aoti_torch_cpu_dnnl_sgemm`` when it is loaded. The op's eager implementation is ``torch.mm``
+:data:`C_SHIM` finds ``aoti_torch_cpu_dnnl_sgemm`` when it is loaded. The op's eager implementation is ``torch.mm``
 (only tracing and Inductor's shape propagation run it: the packages call the shim).
 
 Departure: the products' sums run in oneDNN's order, not MKL's; logits may differ in their last bits, as the module
@@ -35,7 +35,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-__all__ = ["C_SHIMS", "dnnl_sgemm", "find_dnnl", "load", "shim_options"]
+__all__ = ["C_SHIM", "dnnl_sgemm", "find_dnnl", "load", "shim_options"]
 
 SHIM_SOURCE = r"""
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -82,8 +82,7 @@ AOTITorchError aoti_torch_cpu_dnnl_sgemm(AtenTensorHandle x, AtenTensorHandle w,
 }
 """
 
-C_SHIMS = {"dnnl_sgemm": ["AOTITorchError aoti_torch_cpu_dnnl_sgemm(AtenTensorHandle x, AtenTensorHandle w, "
-                          "AtenTensorHandle* ret0)"]}
+C_SHIM = "AOTITorchError aoti_torch_cpu_dnnl_sgemm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle* ret0)"
 """The C declaration of the op's shim, as ``aot_inductor.custom_ops_to_c_shims`` wants it (see :func:`shim_options`)."""
 
 
@@ -101,7 +100,7 @@ def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def shim_options() -> dict:
     """Inductor settings under which the op compiles to a direct call of its C shim (not a dispatcher call)."""
-    return {"aot_inductor.custom_ops_to_c_shims": {torch.ops.nas.dnnl_sgemm.default: C_SHIMS["dnnl_sgemm"]}}
+    return {"aot_inductor.custom_ops_to_c_shims": {torch.ops.nas.dnnl_sgemm.default: [C_SHIM]}}
 
 
 def find_dnnl() -> Path | None:
@@ -115,7 +114,8 @@ def find_dnnl() -> Path | None:
     return Path(found) if found and Path(found).is_absolute() else None
 
 
-_LOADED: dict[str, bool] = {}
+_loaded: bool | None = None
+"""What :func:`load` answered in this process (None: not asked yet)."""
 
 
 def load(cache_dir: str | Path) -> bool:
@@ -124,9 +124,10 @@ def load(cache_dir: str | Path) -> bool:
     where ``libdnnl`` or a C++ compiler (``$CXX`` or ``g++``) is missing, or the build or the load fails (logged as a
     warning with the compiler's message; the packages then keep MKL's products:
     :func:`nas.export.aot_products.packing`)."""
-    if "ok" in _LOADED:
-        return _LOADED["ok"]
-    _LOADED["ok"] = False
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    _loaded = False
     dnnl, cxx = find_dnnl(), shutil.which(os.environ.get("CXX", "g++"))
     if dnnl is None or cxx is None or sys.platform != "linux":
         return False
@@ -152,5 +153,5 @@ def load(cache_dir: str | Path) -> bool:
     except OSError as e:
         log.warning("could not load %s (%s); the AOT packages keep MKL's products", lib, e)
         return False
-    _LOADED["ok"] = True
+    _loaded = True
     return True

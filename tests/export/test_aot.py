@@ -70,6 +70,12 @@ def _sources(tokenizer: Tokenizer, sentences: list[str]) -> torch.Tensor:
     return src
 
 
+def _wrapper(package: Path) -> str:
+    """The C++ wrapper AOTInductor generated for a package (the calls of its extern kernels)."""
+    with zipfile.ZipFile(package) as z:
+        return "".join(z.read(name).decode() for name in z.namelist() if name.endswith(".wrapper.cpp"))
+
+
 def _assert_same(got, want) -> None:
     (hyps, scores), (ref_hyps, ref_scores) = got, want
     assert hyps == ref_hyps
@@ -116,8 +122,7 @@ def test_the_search_through_onednns_sgemm_equals_the_eager_search(models, tokeni
     src = _sources(tokenizer, sentences[:2])
     _assert_same(translator.beam_search(src, return_scores=True),
                  beam_search(translator.model, src, beam_size=3, return_scores=True))
-    with zipfile.ZipFile(translator.package(True)) as package:
-        wrapper = "".join(package.read(n).decode() for n in package.namelist() if n.endswith(".wrapper.cpp"))
+    wrapper = _wrapper(translator.package(True))
     assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1 and "aoti_torch_cpu_mm_out(" not in wrapper
 
 
@@ -172,9 +177,7 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
     from nas.export.sgemm import load
 
     for path in packages:
-        with zipfile.ZipFile(path) as package:
-            wrapper = "".join(package.read(name).decode() for name in package.namelist()
-                              if name.endswith(".wrapper.cpp"))
+        wrapper = _wrapper(path)
         beam = int(path.name.split("_")[0][4:]) if path.name.startswith("beam") else 2
         pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name, beam,
                        sgemm=load(cache_dir))  # this CPU's

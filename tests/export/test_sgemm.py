@@ -72,7 +72,7 @@ def test_a_package_multiplies_through_the_shim_as_float64_does(shim, tmp_path, p
 
 
 def test_load_is_false_without_libdnnl(monkeypatch, tmp_path):
-    monkeypatch.setattr(sgemm, "_LOADED", {})
+    monkeypatch.setattr(sgemm, "_loaded", None)
     monkeypatch.setattr(sgemm, "find_dnnl", lambda: None)
     assert sgemm.load(tmp_path) is False
     assert not (tmp_path / "sgemm").exists()  # nothing built, nothing written
@@ -89,7 +89,7 @@ def test_the_op_is_a_product_eagerly_and_in_shape_propagation():
 
 
 def test_a_failed_build_is_a_warning_and_leaves_no_library(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(sgemm, "_LOADED", {})
+    monkeypatch.setattr(sgemm, "_loaded", None)
     monkeypatch.setattr(sgemm, "find_dnnl", lambda: tmp_path / "libdnnl.so.3")
     monkeypatch.setenv("CXX", "false")  # a compiler that fails
     with caplog.at_level("WARNING", logger="nas.export.sgemm"):
