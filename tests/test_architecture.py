@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("nas", "trainers")
 LAYERS: list[tuple[str, ...]] = [
-    ("nas.errors", "nas.atomic", "nas.locks", "nas.redact", "nas.faults", "nas.lazy", "nas.console",
+    ("nas.errors", "nas.atomic", "nas.locks", "nas.redact", "nas.faults", "nas.lazy", "nas.console", "nas.native",
      "nas.export.translate_onnx"),
     ("nas.space",),
     ("nas.data",),

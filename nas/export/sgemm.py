@@ -22,16 +22,14 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
+
+from nas.native import build_library, compiler
 
 log = logging.getLogger(__name__)
 
@@ -128,26 +126,16 @@ def load(cache_dir: str | Path) -> bool:
     if _loaded is not None:
         return _loaded
     _loaded = False
-    dnnl, cxx = find_dnnl(), shutil.which(os.environ.get("CXX", "g++"))
-    if dnnl is None or cxx is None or sys.platform != "linux":
+    dnnl = find_dnnl()
+    if dnnl is None or compiler() is None:
         return False
     torch_dir = Path(torch.__file__).parent
-    key = hashlib.sha256("\n".join([SHIM_SOURCE, torch.__version__, str(dnnl), cxx]).encode()).hexdigest()[:16]
-    lib = Path(cache_dir, "sgemm", f"libnas_dnnl_sgemm_{key}.so")
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as work:
-            src, out = Path(work, "shim.cpp"), Path(work, lib.name)
-            src.write_text(SHIM_SOURCE)
-            cmd = [cxx, "-O2", "-shared", "-fPIC", "-std=c++17", f"-I{torch_dir / 'include'}", str(src), "-o",
-                   str(out), str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}", "-ltorch_cpu",
-                   "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                log.warning("could not build oneDNN's sgemm shim (%s); the AOT packages keep MKL's products:\n%s",
-                            " ".join(cmd), done.stderr[-2000:])
-                return False
-            os.replace(out, lib)  # a kill leaves no half-written library under the name
+    flags = ["-O2", f"-I{torch_dir / 'include'}", str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}",
+             "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", f"-DTORCH_VERSION={torch.__version__}"]
+    lib = build_library("nas_dnnl_sgemm", SHIM_SOURCE, flags, Path(cache_dir, "sgemm"),
+                        "the AOT packages keep MKL's products")
+    if lib is None:
+        return False
     try:
         ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     except OSError as e:
