@@ -7,7 +7,9 @@ Run: ``python benchmarks/bench_families.py [--rounds 5] [--threads 2]``
 2. A 4-path FFN sublayer (per-path LN, FFN, PathNorm, weighted fuse) against a 1-path FFN
    sublayer with 4x the inner width (goal <= 1.15): the per-path LN affine is folded into the
    first projection, so the 4 paths' first projections are one matmul of the shared input. A second line
-   times the same with the input's gradient, as inside a model (informative; the goal is the first line's).
+   times the same with the input's gradient, as inside a model (informative; the goal is the first line's). A
+   third, where the fused PathNorm kernel is available (:mod:`nas.model.fused`), times the 4-path sublayer with it
+   against the same with ATen's kernels (``NAS_FUSED_KERNELS=0``), then PathNorm and the sum alone the same way.
 3. The supernet running an arch against ``extract(arch)`` running the same arch, for random
    archs of ``search_spaces/unified.yaml``: training step (forward + backward, goal <= 1.15)
    and inference (teacher-forced forward, no grad; goal <= 1.05).
@@ -22,6 +24,7 @@ rounds: prefer `--rounds 15` for a figure to report).
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -31,6 +34,7 @@ import torch
 from bench_serving import quartiles, round_ratios
 
 from nas.model.attention import MultiBranchAttention
+from nas.model import fused
 from nas.model.ffn import ElasticFFN, path_ffn
 from nas.model.paths import PathFusion
 from nas.model.supernet import extract
@@ -84,6 +88,28 @@ def _ffn_step(fusion: PathFusion, ffn: ElasticFFN, x: torch.Tensor, paths: int, 
     return step
 
 
+def _pathnorm_step(fusion: PathFusion, x: torch.Tensor, paths: int, dtype: torch.dtype) -> Callable[[], None]:
+    """``fusion.fuse`` alone, forward and backward, on fixed path outputs ``[paths, b, t, C]`` in ``dtype``."""
+    ys = torch.randn(paths, *x.shape[1:], dtype=dtype, requires_grad=True)
+
+    def step() -> None:
+        fusion.zero_grad(set_to_none=True)
+        ys.grad = None
+        fusion.fuse(x, ys).float().square().mean().backward()
+    return step
+
+
+def _with_fused(flag: str, step: Callable[[], None]) -> Callable[[], None]:
+    """``step`` with the fused CPU kernels on (``"1"``) or off (``"0"``): :func:`nas.model.fused.available`."""
+    def run() -> None:
+        os.environ["NAS_FUSED_KERNELS"] = flag
+        try:
+            step()
+        finally:
+            os.environ.pop("NAS_FUSED_KERNELS")
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -115,6 +141,14 @@ def main() -> None:
     xg = xs.clone().requires_grad_()  # as inside a model: the input's gradient too (no goal of its own)
     _compare("  the same, the input's gradient too", _ffn_step(*four, xg, 4, 512, autocast),
              _ffn_step(*wide, xg, 1, 2048, autocast), args.rounds, args.reps, None)
+    act_dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32  # the paths' outputs under autocast
+    if fused.available(xs.to(act_dtype), torch.float32):
+        four_step = _ffn_step(*four, xg, 4, 512, autocast)
+        _compare("  4 paths: fused PathNorm vs ATen's (NAS_FUSED_KERNELS=0)", _with_fused("1", four_step),
+                 _with_fused("0", four_step), args.rounds, args.reps, None)
+        norm_step = _pathnorm_step(four[0], xs, 4, act_dtype)
+        _compare("  PathNorm and the sum alone: fused vs ATen's", _with_fused("1", norm_step),
+                 _with_fused("0", norm_step), args.rounds, args.reps, None)
 
     spec = load_spec("search_spaces/unified.yaml", check_files=False)
     space = SearchSpace.from_spec(spec)

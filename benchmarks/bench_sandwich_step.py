@@ -6,7 +6,8 @@ backward of the widest, the narrowest and ``train.sandwich_k`` random sub-Transf
 Adam, the schedule (:func:`trainers.engine.optimizer_step`), in the YAML's precision on the CPU. Every variant
 gets the same seed (same initial weights, same drawn archs) and the same real batches; the variants run in
 interleaved rounds so that a shared machine's drift hits them alike. Prints the median ms per step of each
-variant and its ratio to ``today``, the largest parameter difference from ``today`` after the timed steps (a
+variant and its ratio to ``today`` (the variants' order rotates from round to round: with ``today`` always first,
+a copy of ``today`` run second read 0.80x of it on a 2-core Xeon in ``unified.yaml``), the largest parameter difference from ``today`` after the timed steps (a
 variant must train the same model within float tolerance), and with ``--profile`` the ``torch.profiler`` table
 of ``--profile`` steps of ``today`` (top rows by self CPU time).
 
@@ -19,8 +20,9 @@ is what ``make_optimizer`` gives a CPU run today; ``unfused_loss``, the step bef
 tied output layer: ``F.linear`` to the ``[b, t, V]`` logits, ``log_softmax`` and the smoothed loss through autograd
 (:func:`nas.model.losses.label_smoothed_nll`) in place of :func:`nas.model.losses.linear_label_smoothed_nll`;
 ``torch_dropout``, ``F.dropout`` (``bernoulli_``) in place of :func:`nas.model.ops.dropout`'s 16-bit masks;
-``before``, both (the step as it was before either). The dropout variants draw other masks, so their weights
-differ from ``today``'s by more than float tolerance.
+``before``, both (the step as it was before either); ``aten_pathnorm``, Multi-Path's PathNorm and weighted sum
+by ATen's kernels instead of the fused CPU kernel of :mod:`nas.model.fused` (issue 41; a YAML with paths). The
+dropout variants draw other masks, so their weights differ from ``today``'s by more than float tolerance.
 
 ``--allocators``: today's step in fresh processes, one per allocator setting and round, in interleaved rounds
 (an allocator is chosen at a process's start): ``glibc`` (the default), ``glibc_tuned`` (the environment
@@ -43,10 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = {"fused_adam": {"fused": True}, "unfused_loss": {}, "torch_dropout": {}, "before": {}}
+VARIANTS = {"fused_adam": {"fused": True}, "unfused_loss": {}, "torch_dropout": {}, "before": {}, "aten_pathnorm": {}}
 """Variant name -> ``make_optimizer`` keyword arguments."""
-PATCHED = {"unfused_loss": ("loss",), "torch_dropout": ("dropout",), "before": ("loss", "dropout")}
-"""Variant name -> what its steps run as before (see above): ``loss`` unfused, ``dropout`` PyTorch's."""
+PATCHED = {"unfused_loss": ("loss",), "torch_dropout": ("dropout",), "before": ("loss", "dropout"),
+           "aten_pathnorm": ("pathnorm",)}
+"""Variant name -> what its steps run as before (see above): ``loss`` unfused, ``dropout`` PyTorch's, ``pathnorm``
+ATen's kernels (:mod:`nas.model.fused` off)."""
 
 
 def unfused_loss(hidden, weight, target, epsilon, pad_id=0, **_):
@@ -69,6 +73,7 @@ def torch_dropout(x, p):
 def patches(what: tuple[str, ...]) -> list[tuple[object, str, object]]:
     """(module, name, replacement) of each thing a variant runs as before."""
     import nas.model.ffn
+    import nas.model.fused
     import nas.model.layers
     import nas.model.supernet
     import trainers.stages.sandwich
@@ -78,6 +83,8 @@ def patches(what: tuple[str, ...]) -> list[tuple[object, str, object]]:
         out.append((trainers.stages.sandwich, "linear_label_smoothed_nll", unfused_loss))
     if "dropout" in what:
         out += [(module, "drop", torch_dropout) for module in (nas.model.ffn, nas.model.layers, nas.model.supernet)]
+    if "pathnorm" in what:
+        out.append((nas.model.fused, "available", lambda *_: False))
     return out
 
 
@@ -212,7 +219,8 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.rounds + 1):
         chunk = batches[1 + r * args.steps: 1 + (r + 1) * args.steps]
-        for name, run in runs.items():
+        for name in names[r % len(names):] + names[:r % len(names)]:  # each variant first in turn (see above)
+            run = runs[name]
             t0 = time.perf_counter()
             for batch in chunk:
                 step(run, batch, name)

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 __all__ = ["available", "cache_dir", "pathnorm_backward", "pathnorm_forward"]
 
 SOURCE = r"""
+#include <omp.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -98,12 +100,14 @@ void forward(const TI *ys, const float *w, const float *b, const float *keep, TO
 template <typename TI, typename TG>
 void backward(const TG *grad, const TI *ys, const float *w, const float *keep, const float *mean, const float *rstd,
               TI *dys, float *dw, float *db, int64_t U, int64_t P, int64_t B, int64_t T, int64_t C, int threads) {
-  const int64_t N = B * T;
-  std::memset(dw, 0, sizeof(float) * U * P * C);
-  std::memset(db, 0, sizeof(float) * U * P * C);
+  const int64_t N = B * T, W = U * P * C;
+  // each thread sums its rows' weight gradients into its own slot; the slots are added in thread order after the
+  // parallel region, so a result depends on the thread count only, not on which thread finished first
+  std::vector<float> slots(size_t(threads) * 2 * W, 0.f);
 #pragma omp parallel num_threads(threads)
   {
-    std::vector<float> g(C), xh(C), dwl(U * P * C, 0.f), dbl(U * P * C, 0.f);
+    std::vector<float> g(C), xh(C);
+    float *dwl = slots.data() + size_t(omp_get_thread_num()) * 2 * W, *dbl = dwl + W;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < U * N; ++r) {
       const int64_t u = r / N, n = r % N;
@@ -120,7 +124,7 @@ void backward(const TG *grad, const TI *ys, const float *w, const float *keep, c
         }
         const float mu = mean[up * N + n], rs = rstd[up * N + n];
         const float *wp = w + up * C;
-        float *dwp = dwl.data() + up * C, *dbp = dbl.data() + up * C;
+        float *dwp = dwl + up * C, *dbp = dbl + up * C;
         float s1 = 0.f, s2 = 0.f;
 #pragma omp simd reduction(+ : s1, s2)
         for (int64_t j = 0; j < C; ++j) {
@@ -135,8 +139,11 @@ void backward(const TG *grad, const TI *ys, const float *w, const float *keep, c
         for (int64_t j = 0; j < C; ++j) store(dy, j, rs * (g[j] * k * wp[j] - a - xh[j] * c));
       }
     }
-#pragma omp critical
-    for (int64_t i = 0; i < U * P * C; ++i) { dw[i] += dwl[i]; db[i] += dbl[i]; }
+  }
+  for (int64_t i = 0; i < W; ++i) dw[i] = db[i] = 0.f;
+  for (int t = 0; t < threads; ++t) {
+    const float *dwl = slots.data() + size_t(t) * 2 * W, *dbl = dwl + W;
+    for (int64_t i = 0; i < W; ++i) { dw[i] += dwl[i]; db[i] += dbl[i]; }
   }
 }
 }  // namespace
@@ -258,7 +265,8 @@ def pathnorm_backward(grad: torch.Tensor, ys: torch.Tensor, weight: torch.Tensor
 
     Returns:
         ``d ys [U, P, b, t, C]`` in ``ys``' dtype; ``d weight``, ``d bias`` ``[U, P, C]`` in ``weight``'s dtype
-        (summed over rows in fp32 per thread, then over threads).
+        (summed over rows in fp32 per thread, then over the threads in their order: the same inputs and thread
+        count give the same bits).
     """
     lib = _load()
     if lib is None:
