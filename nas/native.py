@@ -55,25 +55,30 @@ def build_library(name: str, source: str, flags: list[str], cache_dir: str | Pat
         what: what the caller loses without it, for the warning ("the AOT packages keep MKL's products").
 
     Returns:
-        The library's path; None where no compiler is found or the build fails (a logged warning with the command
-        and the compiler's last 2,000 characters; nothing is left in ``cache_dir`` but the folder).
+        The library's path; None where no compiler is found, ``cache_dir`` cannot be written or the build fails (a
+        logged warning with the command and the compiler's last 2,000 characters; nothing is left in ``cache_dir``
+        but the folder).
     """
     cxx = compiler()
     if cxx is None:
-        log.warning("no C++ compiler ($CXX or g++) for %s; %s", name, what)
+        log.warning("no C++ compiler for %s (Linux with $CXX or g++ on the PATH); %s", name, what)
         return None
     key = hashlib.sha256("\n".join([source, cxx, *flags]).encode()).hexdigest()[:16]
     lib = Path(cache_dir, f"lib{name}_{key}.so")
     if lib.exists():
         return lib
-    lib.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as work:
-        src, out = Path(work, f"{name}.cpp"), Path(work, lib.name)
-        src.write_text(source)
-        cmd = [cxx, "-shared", "-fPIC", "-std=c++17", str(src), "-o", str(out), *flags]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            log.warning("could not build %s (%s); %s:\n%s", name, " ".join(cmd), what, done.stderr[-2000:])
-            return None
-        os.replace(out, lib)  # a kill leaves no half-written library under the name
+    try:
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=lib.parent, prefix=".build.") as work:
+            src, out = Path(work, f"{name}.cpp"), Path(work, lib.name)
+            src.write_text(source)
+            cmd = [cxx, "-shared", "-fPIC", "-std=c++17", str(src), "-o", str(out), *flags]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                log.warning("could not build %s (%s); %s:\n%s", name, " ".join(cmd), what, done.stderr[-2000:])
+                return None
+            os.replace(out, lib)  # a kill leaves no half-written library under the name
+    except OSError as e:  # a cache folder that cannot be written, a compiler that cannot be run
+        log.warning("could not build %s in %s (%s); %s", name, lib.parent, e, what)
+        return None
     return lib

@@ -134,3 +134,14 @@ def test_the_switch_and_other_dtypes_keep_atens_kernels(monkeypatch):
     assert not fused.available(ys.half(), torch.float32)
     monkeypatch.setenv("NAS_FUSED_KERNELS", "0")
     assert not fused.available(ys, torch.float32)
+
+
+def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_crash(monkeypatch, tmp_path, caplog):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a folder")
+    monkeypatch.setattr(fused, "_lib", None)
+    monkeypatch.setenv("NAS_KERNEL_CACHE", str(blocked / "kernels"))  # under a file: mkdir fails
+    with caplog.at_level("WARNING", logger="nas.native"):
+        assert fused.available(torch.zeros(1, 2, 1, 1, 4), torch.float32) is False
+    assert "could not build nas_pathnorm in" in caplog.text
+    assert blocked.read_text() == "not a folder"
