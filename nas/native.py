@@ -2,7 +2,7 @@
 
 Two parts of ``nas`` need code that PyTorch does not ship: oneDNN's sgemm as an AOT package's product
 (:mod:`nas.export.sgemm`) and the fused PathNorm of the Multi-Path sublayers (:mod:`nas.model.fused`). Each is a
-short C++ source compiled once per machine (under a second: no ATen headers) into a cache folder, keyed by a hash
+short C++ source compiled once per machine (1-2 s: no ATen headers) into a cache folder, keyed by a hash
 of the source, the flags and the compiler, so that an upgrade or another CPU never loads a stale library.
 
 A build writes into a temporary folder beside its target and moves the library into place with ``os.replace``: a

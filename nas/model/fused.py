@@ -5,7 +5,7 @@ one pass over the P paths' outputs each way (Multi-Path Transformer eq. 6, with 
 Why (issue 41): on a 2-core Xeon with AMX, the 4-path FFN's PathNorm took 4.6 ms of a 23 ms training step (four
 ``native_layer_norm`` and their backward, the drop masks, the fp32 sum: about ten passes over the paths' outputs),
 against 19.7 ms for the whole 1-path FFN of the same FLOPs. ATen has no fused kernel for it, so this is a short C++
-source compiled on the machine (:mod:`nas.native`, ``-O3 -march=native -fopenmp``, about a second), cached under
+source compiled on the machine (:mod:`nas.native`, ``-O3 -march=native -fopenmp``, about 2 s), cached under
 :func:`cache_dir`, and called through ``ctypes`` on the tensors' memory. It runs on torch's own OpenMP runtime
 (``libgomp.so.1`` from torch's folder: one thread pool, no contention), with ``torch.get_num_threads()`` threads.
 
