@@ -7,9 +7,9 @@ Adam, the schedule (:func:`trainers.engine.optimizer_step`), in the YAML's preci
 gets the same seed (same initial weights, same drawn archs) and the same real batches; the variants run in
 interleaved rounds so that a shared machine's drift hits them alike. Prints the median ms per step of each
 variant and its ratio to ``today`` (the variants' order rotates from round to round: with ``today`` always first,
-a copy of ``today`` run second read 0.80x of it on a 2-core Xeon in ``unified.yaml``), the largest parameter difference from ``today`` after the timed steps (a
-variant must train the same model within float tolerance), and with ``--profile`` the ``torch.profiler`` table
-of ``--profile`` steps of ``today`` (top rows by self CPU time).
+a copy of ``today`` run second read 0.80x of it on a 2-core Xeon in ``unified.yaml``), the largest parameter
+difference from ``today`` after the timed steps (a variant must train the same model within float tolerance), and
+with ``--profile`` the ``torch.profiler`` table of ``--profile`` steps of ``today`` (top rows by self CPU time).
 
     python benchmarks/bench_sandwich_step.py search_spaces/quickstart.yaml --data nas_runs/data/<hash> --threads 2
     python benchmarks/bench_sandwich_step.py search_spaces/quickstart.yaml --data nas_runs/data/<hash> --profile 3

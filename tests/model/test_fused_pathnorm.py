@@ -28,7 +28,8 @@ def _eq6(ys, weight, bias, keep, eps=1e-5):
                     mean = y.sum() / c
                     var = ((y - mean) ** 2).sum() / c
                     k = 1.0 if keep is None else keep[u, i, s].double()
-                    total = total + k * (weight[u, i].double() * (y - mean) / torch.sqrt(var + eps) + bias[u, i].double())
+                    normed = (y - mean) / torch.sqrt(var + eps)
+                    total = total + k * (weight[u, i].double() * normed + bias[u, i].double())
                 rows.append(total)
     return torch.stack(rows).view(units, bsz, t, c)
 
