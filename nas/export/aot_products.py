@@ -47,10 +47,15 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
     package (``sgemm-wide``: at 128 rows ``[128, 128] x [128, 6000]`` took 2.06 ms by it against 2.2-2.5 ms by MKL
     or oneDNN's packed weights, while ``[128, 128] x [128, 512]`` took 0.25 against MKL's 0.20 ms). On the 2-core
     AVX2 EPYC this took the batch-1, beam-4 translation from 1.20x to 1.02-1.10x CTranslate2 fp32's time and batch
-    32 from 1.12x to 1.00-1.10x (three runs, ``docs/benchmarks.md``). Not measured on AMD CPUs with AVX-512, which keep the choices
-    above.
+    32 from 1.12x to 1.00-1.10x (three runs, ``docs/benchmarks.md``). On CPUs that are not Intel's and have
+    AVX-512: every product of every package by it (``sgemm``): on a 2-core AMD EPYC with AVX512-BF16, 1 thread
+    (``benchmarks/bench_products.py``), it took 0.42-0.98x MKL's time at 1-16 rows (the output projection 0.42,
+    against 0.58 for oneDNN's packed weights; 1.19 only for ``[1, 128] x [128, 128]``, 3.0 against 2.5 us) and
+    0.79-0.91x at 128 and 448 rows, where the packed weights took 0.84-1.17x.
     """
     if sgemm and sgemm_cpu():
+        if avx512_cpu():
+            return "sgemm"
         return "none" if small is None else "sgemm" if small else "sgemm-wide"
     if intel_cpu() or not torch.backends.mkldnn.is_available():
         return "none"
@@ -62,9 +67,9 @@ def packing(small: bool | None, beam_size: int = 2, sgemm: bool = False) -> str:
 
 
 def sgemm_cpu() -> bool:
-    """Whether :func:`packing` would choose oneDNN's sgemm on this CPU, were it loaded (not Intel's, no AVX-512): the
-    only CPUs on which :class:`nas.export.aot.AotTranslator` builds and loads :mod:`nas.export.sgemm`'s shim."""
-    return not intel_cpu() and not avx512_cpu() and torch.backends.mkldnn.is_available()
+    """Whether :func:`packing` would choose oneDNN's sgemm on this CPU, were it loaded (not Intel's): the only CPUs
+    on which :class:`nas.export.aot.AotTranslator` builds and loads :mod:`nas.export.sgemm`'s shim."""
+    return not intel_cpu() and torch.backends.mkldnn.is_available()
 
 
 CPUINFO = Path("/proc/cpuinfo")

@@ -186,7 +186,7 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
                        sgemm=load(cache_dir))  # this CPU's
         if pack == "all":  # oneDNN's products by packed weights (AMD CPUs with AVX-512)
             assert "aoti_torch_cpu__linear_pointwise(" in wrapper, path
-        elif pack == "sgemm":  # oneDNN's sgemm through nas.export.sgemm's shim (AVX2-only AMD CPUs)
+        elif pack == "sgemm":  # oneDNN's sgemm through nas.export.sgemm's shim (AMD CPUs)
             assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1, path  # the declaration, then the calls
             assert "aoti_torch_cpu_mm_out(" not in wrapper, path
         elif pack == "sgemm-wide":  # the output projection through the shim, if wide enough; the layers MKL's
@@ -254,9 +254,12 @@ def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatc
     assert aot.packing(True, beam_size=1) == "none"  # greedy at few rows: 1 row at batch 1, MKL's faster there
     assert aot.packing(False, beam_size=1) == ("none" if intel else "all")
     # with oneDNN's sgemm loaded (nas.export.sgemm): on AVX2-only AMD CPUs every product of the few-rows package
-    # and the output projection of the many-rows one go through it; elsewhere the choices above
+    # and the output projection of the many-rows one go through it, on AMD CPUs with AVX-512 every product of every
+    # package (greedy search's included); on Intel CPUs the choices above
     with_sgemm = [aot.packing(small, sgemm=True) for small in (True, False, None)]
-    assert with_sgemm == (chosen if intel or avx512 else ["sgemm", "sgemm-wide", "none"])
+    assert with_sgemm == (chosen if intel else ["sgemm"] * 3 if avx512 else ["sgemm", "sgemm-wide", "none"])
+    assert aot.packing(True, beam_size=1, sgemm=True) == ("none" if intel else "sgemm")
+    assert aot.sgemm_cpu() == (not intel and torch.backends.mkldnn.is_available())
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
     keys = {package_key(translator.model, translator.arch, 3, {**VARIANTS[False], "pack": pack}) for pack in aot.PACKING}
     assert len(keys) == len(aot.PACKING)
