@@ -43,7 +43,8 @@ def cpu_flags() -> str:
         return ""
 
 
-def build_library(name: str, source: str, flags: list[str], cache_dir: str | Path, what: str) -> Path | None:
+def build_library(name: str, source: str, flags: list[str], cache_dir: str | Path, what: str,
+                  key: str = "") -> Path | None:
     """Compile ``source`` (C++) into ``cache_dir/lib{name}_{key}.so`` unless it is there; return its path.
 
     Args:
@@ -53,6 +54,8 @@ def build_library(name: str, source: str, flags: list[str], cache_dir: str | Pat
             part of the key, with the source and the compiler's path.
         cache_dir: the folder the library is kept in (created when missing).
         what: what the caller loses without it, for the warning ("the AOT packages keep MKL's products").
+        key: anything else the library depends on (torch's version, the CPU's flags for ``-march=native``); part
+            of the key, not passed to the compiler.
 
     Returns:
         The library's path; None where no compiler is found, ``cache_dir`` cannot be written or the build fails (a
@@ -63,8 +66,8 @@ def build_library(name: str, source: str, flags: list[str], cache_dir: str | Pat
     if cxx is None:
         log.warning("no C++ compiler for %s (Linux with $CXX or g++ on the PATH); %s", name, what)
         return None
-    key = hashlib.sha256("\n".join([source, cxx, *flags]).encode()).hexdigest()[:16]
-    lib = Path(cache_dir, f"lib{name}_{key}.so")
+    digest = hashlib.sha256("\n".join([source, cxx, key, *flags]).encode()).hexdigest()[:16]
+    lib = Path(cache_dir, f"lib{name}_{digest}.so")
     if lib.exists():
         return lib
     try:

@@ -131,9 +131,9 @@ def load(cache_dir: str | Path) -> bool:
         return False
     torch_dir = Path(torch.__file__).parent
     flags = ["-O2", f"-I{torch_dir / 'include'}", str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}",
-             "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}", f"-DTORCH_VERSION={torch.__version__}"]
+             "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
     lib = build_library("nas_dnnl_sgemm", SHIM_SOURCE, flags, Path(cache_dir, "sgemm"),
-                        "the AOT packages keep MKL's products")
+                        "the AOT packages keep MKL's products", key=torch.__version__)
     if lib is None:
         return False
     try:

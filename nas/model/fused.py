@@ -22,7 +22,6 @@ in bf16 or fp32, :func:`available` is False and the caller keeps ATen's kernels.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -196,9 +195,9 @@ def _load() -> ctypes.CDLL | None:
         _lib = False
         torch_lib = Path(torch.__file__).parent / "lib"
         # torch's own libgomp (same soname, already loaded): the kernel shares torch's OpenMP thread pool
-        flags = ["-O3", "-march=native", "-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
-                 f"-DNAS_CPU={hashlib.sha256(cpu_flags().encode()).hexdigest()[:12]}"]  # -march=native: the key
-        path = build_library("nas_pathnorm", SOURCE, flags, cache_dir(), "PathNorm keeps ATen's kernels")
+        flags = ["-O3", "-march=native", "-fopenmp", f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}"]
+        path = build_library("nas_pathnorm", SOURCE, flags, cache_dir(), "PathNorm keeps ATen's kernels",
+                             key=cpu_flags())  # -march=native: another CPU, another library
         if path is not None:
             try:
                 lib = ctypes.CDLL(str(path))
@@ -212,6 +211,14 @@ def _load() -> ctypes.CDLL | None:
                 lib.nas_pathnorm_forward.restype = lib.nas_pathnorm_backward.restype = None
                 _lib = lib
     return _lib or None
+
+
+def _loaded() -> ctypes.CDLL:
+    """The library, for the kernels' callers; RuntimeError where it is not :func:`available`."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError("the fused PathNorm kernel is not available here; check nas.model.fused.available() first")
+    return lib
 
 
 def available(ys: torch.Tensor, out_dtype: torch.dtype) -> bool:
@@ -240,9 +247,7 @@ def pathnorm_forward(ys: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     Raises:
         RuntimeError: the kernel is not :func:`available`.
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError("the fused PathNorm kernel is not available here; check nas.model.fused.available() first")
+    lib = _loaded()
     ys = ys.contiguous()
     units, paths, bsz, t, c = ys.shape
     w, b = weight.float().contiguous(), bias.float().contiguous()
@@ -268,9 +273,7 @@ def pathnorm_backward(grad: torch.Tensor, ys: torch.Tensor, weight: torch.Tensor
         (summed over rows in fp32 per thread, then over the threads in their order: the same inputs and thread
         count give the same bits).
     """
-    lib = _load()
-    if lib is None:
-        raise RuntimeError("the fused PathNorm kernel is not available here; check nas.model.fused.available() first")
+    lib = _loaded()
     units, paths, bsz, t, c = ys.shape
     grad = grad if grad.dtype in _DTYPES else grad.float()
     grad = grad.contiguous()

@@ -146,3 +146,17 @@ def test_a_cache_folder_that_cannot_be_written_is_a_warning_not_a_crash(monkeypa
         assert fused.available(torch.zeros(1, 2, 1, 1, 4), torch.float32) is False
     assert "could not build nas_pathnorm in" in caplog.text
     assert blocked.read_text() == "not a folder"
+
+
+def test_another_cpu_builds_another_library(monkeypatch, tmp_path):
+    # the kernel is built with -march=native: a cache folder shared by two CPUs (a home folder on a cluster) must not
+    # hand one CPU's instructions to the other (nas.native.build_library's key)
+    monkeypatch.setenv("NAS_KERNEL_CACHE", str(tmp_path))
+    built = []
+    for flags in ("flags\t: fpu avx2", "flags\t: fpu avx2 avx512f", "flags\t: fpu avx2"):
+        monkeypatch.setattr(fused, "_lib", None)
+        monkeypatch.setattr(fused, "cpu_flags", lambda flags=flags: flags)
+        assert fused.available(torch.zeros(1, 2, 1, 1, 4), torch.float32)
+        built.append(sorted(p.name for p in tmp_path.glob("*.so")))
+    assert len(built[0]) == 1 and len(built[1]) == 2  # a second library for the second CPU
+    assert built[2] == built[1]  # the first CPU's again: found, not rebuilt
