@@ -5,12 +5,14 @@ Run: ``python benchmarks/bench_aot_step.py EXPORT_DIR [--base-repo DIR] [--pairs
 
 Translates the first ``--sentences`` of Multi30k test2016 one at a time (batch 1, the search's workload) with
 ``nas.export.aot.AotTranslator`` at ``--beam``, every output exactly ``--fixed`` decoder steps, on one torch thread,
-and times each package call of the step (``boxed_run``) inside the whole search: what is left is the Python of
-:func:`nas.model.decode.search` and its small ATen calls. With ``--base-repo`` (e.g. a ``git worktree`` of an earlier
+and times each package call of the step (``boxed_run``) and the encoder's package call (once a sentence, shown per
+step) inside the whole search: what is left is the Python of :func:`nas.model.decode.search`, the stepper's set-up
+and their small ATen calls. With ``--base-repo`` (e.g. a ``git worktree`` of an earlier
 commit) the ``nas`` of that checkout runs too, one process per checkout, the two alternating ``--pairs`` times (the
 machine drifts between processes: compare the pairs, not runs of different minutes). Prints, per run, ms per decoder
-step: the whole search, the package calls, the rest, and a hash of the tokens (equal across checkouts when the
-change keeps them). Packages are compiled in the first run of each checkout (untimed) and cached under ``--work``.
+step: the whole search, the step's package calls, the encoder's, the rest, and a hash of the tokens (equal across
+checkouts when the change keeps them). Packages are compiled in the first run of each checkout (untimed) and cached
+under ``--work``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,18 @@ def worker(args: argparse.Namespace) -> None:
             for ids in sp.encode(read_lines(DATA / "test_2016_flickr.en.gz", limit=args.sentences))]
     translator = aot.AotTranslator(exported, args.beam, cache_dir=args.work / "aot" / hashlib.md5(
         str(args.repo).encode()).hexdigest()[:8])
-    in_calls = [0.0]
+    in_calls, in_encoder = [0.0], [0.0]
+    loader = translator.encoder().loader  # compiled now if missing
+
+    class _TimedEncoder:  # the encoder's package call, timed (it runs once a sentence, in the translator)
+        class loader:
+            @staticmethod
+            def boxed_run(inputs):
+                start = time.perf_counter()
+                out = loader.boxed_run(inputs)
+                in_encoder[0] += time.perf_counter() - start
+                return out
+    translator._encoder = _TimedEncoder
     init = aot._AotStepper.__init__
 
     def timed_init(self, *a, **kw):  # every package call of the stepper, timed
@@ -62,16 +75,18 @@ def worker(args: argparse.Namespace) -> None:
     def search() -> list:
         return [translator.beam_search(s, max_len_a=0.0, max_len_b=args.fixed, min_len=args.fixed) for s in srcs]
     tokens = hashlib.md5(str(search()).encode()).hexdigest()[:10]  # compiles on first use: untimed
-    whole, calls = [], []
+    whole, calls, encoder = [], [], []
     for _ in range(args.rounds):
-        in_calls[0] = 0.0
+        in_calls[0] = in_encoder[0] = 0.0
         start = time.perf_counter()
         search()
         whole.append(time.perf_counter() - start)
         calls.append(in_calls[0])
+        encoder.append(in_encoder[0])
     steps = len(srcs) * args.fixed
-    print(json.dumps({"whole_ms": 1e3 * statistics.median(whole) / steps, "calls_ms": 1e3 * statistics.median(calls) / steps,
-                      "tokens": tokens}))
+    per_step = {name: 1e3 * statistics.median(times) / steps
+                for name, times in (("whole_ms", whole), ("calls_ms", calls), ("encoder_ms", encoder))}
+    print(json.dumps({**per_step, "tokens": tokens}))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,15 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     repos = {"this": REPO, **({"base": args.base_repo.resolve()} if args.base_repo else {})}
     print("ms per decoder step (batch 1, beam %d, %d steps, %d sentences, median of %d rounds)"
           % (args.beam, args.fixed, args.sentences, args.rounds))
-    print(f"{'pair':>4} {'checkout':>8} {'whole':>8} {'package':>8} {'rest':>8}  tokens")
+    print(f"{'pair':>4} {'checkout':>8} {'whole':>8} {'package':>8} {'encoder':>8} {'rest':>8}  tokens")
     for pair in range(args.pairs):
         for name, repo in repos.items():
             cmd = [sys.executable, __file__, str(args.export), "--worker", str(repo), "--rounds", str(args.rounds),
                    "--beam", str(args.beam), "--fixed", str(args.fixed), "--sentences", str(args.sentences),
                    "--work", str(args.work)]
             out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-            print(f"{pair:>4} {name:>8} {out['whole_ms']:8.3f} {out['calls_ms']:8.3f} "
-                  f"{out['whole_ms'] - out['calls_ms']:8.3f}  {out['tokens']}", flush=True)
+            print(f"{pair:>4} {name:>8} {out['whole_ms']:8.3f} {out['calls_ms']:8.3f} {out['encoder_ms']:8.3f} "
+                  f"{out['whole_ms'] - out['calls_ms'] - out['encoder_ms']:8.3f}  {out['tokens']}", flush=True)
 
 
 if __name__ == "__main__":
