@@ -3,7 +3,8 @@
 Two parts of ``nas`` need code that PyTorch does not ship: oneDNN's sgemm as an AOT package's product
 (:mod:`nas.export.sgemm`) and the fused PathNorm of the Multi-Path sublayers (:mod:`nas.model.fused`). Each is a
 short C++ source compiled once per machine (1-2 s: no ATen headers) into a cache folder, keyed by a hash
-of the source, the flags and the compiler, so that an upgrade or another CPU never loads a stale library.
+of the source, the flags, the compiler and what the caller adds (torch's version, the CPU's flags), so that an
+upgrade or another CPU never loads a stale library.
 
 A build writes into a temporary folder beside its target and moves the library into place with ``os.replace``: a
 kill leaves no half-written library under the name, and concurrent processes (Ray's trials) may build the same
@@ -45,7 +46,7 @@ def cpu_flags() -> str:
 
 def build_library(name: str, source: str, flags: list[str], cache_dir: str | Path, what: str,
                   key: str = "") -> Path | None:
-    """Compile ``source`` (C++) into ``cache_dir/lib{name}_{key}.so`` unless it is there; return its path.
+    """Compile ``source`` (C++) into ``cache_dir/lib{name}_{hash}.so`` unless it is there; return its path.
 
     Args:
         name: the library's stem.
