@@ -120,7 +120,7 @@ def load(cache_dir: str | Path) -> bool:
     """Build (once per machine, under ``cache_dir/sgemm``, written atomically) and load the shim with
     ``RTLD_GLOBAL``, once per process (later calls return the first one's answer). True when it is loaded; False
     where ``libdnnl`` or a C++ compiler (``$CXX`` or ``g++``) is missing, or the build or the load fails (logged as a
-    warning with the compiler's message; the packages then keep MKL's products:
+    warning with the compiler's message; the packages then keep MKL's or oneDNN's packed products:
     :func:`nas.export.aot_products.packing`)."""
     global _loaded
     if _loaded is not None:
@@ -133,13 +133,13 @@ def load(cache_dir: str | Path) -> bool:
     flags = ["-O2", f"-I{torch_dir / 'include'}", str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}",
              "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
     lib = build_library("nas_dnnl_sgemm", SHIM_SOURCE, flags, Path(cache_dir, "sgemm"),
-                        "the AOT packages keep MKL's products", key=torch.__version__)
+                        "the AOT packages keep MKL's or oneDNN's packed products", key=torch.__version__)
     if lib is None:
         return False
     try:
         ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     except OSError as e:
-        log.warning("could not load %s (%s); the AOT packages keep MKL's products", lib, e)
+        log.warning("could not load %s (%s); the AOT packages keep MKL's or oneDNN's packed products", lib, e)
         return False
     _loaded = True
     return True

@@ -111,8 +111,8 @@ def test_greedy_compiled_search_equals_the_eager_search(models, tokenizer, sente
 
 def test_the_search_through_onednns_sgemm_equals_the_eager_search(models, tokenizer, sentences, tmp_path,
                                                                    monkeypatch):
-    """Every product of the few-rows package through ``nas.export.sgemm``'s shim (the choice on AVX2-only AMD
-    CPUs), whatever this CPU: the same tokens and scores as the eager search. Its packages go to a folder of their
+    """Every product of the few-rows package through ``nas.export.sgemm``'s shim (the choice on AMD CPUs), whatever
+    this CPU: the same tokens and scores as the eager search. Its packages go to a folder of their
     own: in the module's shared cache they are not this CPU's choice, which
     :func:`test_the_packages_multiply_by_weights_without_addmm` checks every package there against (it failed on
     an Intel Xeon when they were there)."""
@@ -184,7 +184,7 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
         beam = int(path.name.split("_")[0][4:]) if path.name.startswith("beam") else 2
         pack = packing(None if path.name.startswith("encoder") else "_small_" in path.name, beam,
                        sgemm=load(cache_dir))  # this CPU's
-        if pack == "all":  # oneDNN's products by packed weights (AMD CPUs with AVX-512)
+        if pack == "all":  # oneDNN's products by packed weights (AMD CPUs with AVX-512, without libdnnl)
             assert "aoti_torch_cpu__linear_pointwise(" in wrapper, path
         elif pack == "sgemm":  # oneDNN's sgemm through nas.export.sgemm's shim (AMD CPUs)
             assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1, path  # the declaration, then the calls
