@@ -142,13 +142,22 @@ class _BeamStepGraph(nn.Module):
         # EOS keeps its log-probability, or 0 with eos_zero, as the eager search's forcing. One select over [n, V]
         # instead of two over [n, k, V] with the masks loaded per entry (16 of the step's 590 us at batch 1, beam 4)
         mask = torch.where(limit[:, None], self.eos_only, ban)[:, None, :]  # [n, 1, V]
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(scores.size(0), self.beam_size, -1) + mask
-        zero = (limit & eos_zero)[:, None, None] & (torch.arange(lprobs.size(-1), device=lprobs.device) == self.eos_id)
-        lprobs = torch.where(zero, 0.0, lprobs)
-        cands = beam_candidates(lprobs, scores, self.eos_id, blocked=True)
+        # log-softmax as Inductor decomposes it, (x - max) - log(sum(exp(x - max))), but applied only to the 2k
+        # candidates and to the blocks' maxima (top_candidates with lse = (shift, log_sum): the same bits), not
+        # written out over [n, k, V] (0.xx of the step's time, module docstring). A forced EOS with eos_zero gets
+        # (x - x) - 0 = 0: its row's shift is its own logit and its log-sum 0 (every other token is -inf there)
+        n, k = scores.shape
+        logits = logits.float().view(n, k, -1)  # [n, k, V]
+        top = logits.amax(-1)  # [n, k]
+        log_sum = (logits - top[:, :, None]).exp().sum(-1).log()  # [n, k]
+        zero = (limit & eos_zero)[:, None]  # [n, 1]
+        lse = (torch.where(zero, logits[:, :, self.eos_id], top), torch.where(zero, 0.0, log_sum))
+        masked = logits + mask  # [n, k, V]: the logits, banned tokens -inf
+        block = candidate_block(masked.size(-1))
+        block_max = masked.view(n, k, -1, block).amax(-1) if block else None
+        cands = beam_candidates(masked, scores, self.eos_id, blocked=True, lse=lse, block_max=block_max)
         # search's bookkeeping when every sentence goes on (nas.model.decode.search, ``continued``): the rows the
         # k best non-EOS candidates continue, whether an EOS ranks among a sentence's first k, the grown history
-        n, k = scores.shape
         src_rows = (cands[5] + torch.arange(n, device=scores.device)[:, None] * k).reshape(-1)  # [n*k]
         grown = torch.cat([history.index_select(0, src_rows), cands[6].reshape(-1, 1)], 1)  # [n*k, 2 + t]
         return (*cands, src_rows, cands[3][:, :k].any(), grown, *present)

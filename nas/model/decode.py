@@ -79,7 +79,21 @@ def candidate_block(vocab: int) -> int | None:
     return next((b for b in (64, *range(32, 129)) if vocab % b == 0), None)
 
 
-def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: torch.Tensor | None = None,
+def _normalized(x: torch.Tensor, lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """``x - lse`` or, for ``lse = (shift, log_sum)``, ``(x - shift) - log_sum`` (log-softmax's two subtractions);
+    ``lse`` broadcast against ``x``."""
+    if isinstance(lse, tuple):
+        return (x - lse[0]) - lse[1]
+    return x - lse
+
+
+def _per_entry(lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """``lse`` (``[n, k]`` or a pair of them) as ``[n, k, 1]``: broadcast over a beam's entries."""
+    return tuple(t[:, :, None] for t in lse) if isinstance(lse, tuple) else lse[:, :, None]
+
+
+def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int,
+                   lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
                    block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``kk`` largest ``lprobs[i, j, v] + scores[i, j]`` of each sentence ``i`` (values ``[n, kk]``, descending,
     and flat indices ``j * V + v``): ``(lprobs + scores[:, :, None]).view(n, -1).topk(kk)`` without adding the
@@ -95,28 +109,32 @@ def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int, lse: tor
 
     With ``lse [n, k]`` (each row's log-sum-exp), ``lprobs`` holds logits instead (banned tokens ``-inf``) and the
     candidates are ``(x - lse) + score``: the log-probabilities of the few candidates are computed, not all
-    ``[n, k, V]`` (``x - lse`` may differ from ``log_softmax``'s value in its last bit). ``block_max [n, k, V/block]``
-    (:func:`candidate_block`), if given, holds each block's maximum of ``lprobs``, computed by the caller.
+    ``[n, k, V]`` (``x - lse`` may differ from ``log_softmax``'s value in its last bit). With ``lse = (shift,
+    log_sum)`` (each ``[n, k]``) they are ``(x - shift) - log_sum``: log-softmax's own two subtractions (its
+    decomposition in Inductor: the row's maximum, then the log of the sum of the shifted exponentials), so the same
+    bits as the log-softmax they replace. ``block_max [n, k, V/block]`` (:func:`candidate_block`), if given, holds
+    each block's maximum of ``lprobs``, computed by the caller.
     """
     n, k, vocab = lprobs.shape
     block = candidate_block(vocab)
     if block is None or k * (vocab // block) < 2 * kk:
-        base = lprobs if lse is None else lprobs - lse[:, :, None]
+        base = lprobs if lse is None else _normalized(lprobs, _per_entry(lse))
         return (base + scores[:, :, None]).view(n, k * vocab).topk(kk, dim=1)
     best = lprobs.view(n, k, vocab // block, block).amax(3) if block_max is None else block_max  # [n, k, V/block]
-    best = (best + scores[:, :, None]) if lse is None else (best - lse[:, :, None]) + scores[:, :, None]
+    best = (best if lse is None else _normalized(best, _per_entry(lse))) + scores[:, :, None]
     _, blocks = best.view(n, -1).topk(kk, dim=1)  # [n, kk]: block q covers flat entries q*block ...
     idx = (blocks[:, :, None] * block + torch.arange(block, device=lprobs.device)).view(n, kk * block)
     values = lprobs.view(n, k * vocab).gather(1, idx)
     beam = idx // vocab
     if lse is not None:
-        values = values - lse.gather(1, beam)
+        values = _normalized(values, tuple(t.gather(1, beam) for t in lse) if isinstance(lse, tuple)
+                             else lse.gather(1, beam))
     values, pick = (values + scores.gather(1, beam)).topk(kk, dim=1)
     return values, idx.gather(1, pick)
 
 
 def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False,
-                    blocked: bool = False, lse: torch.Tensor | None = None,
+                    blocked: bool = False, lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
                     block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
     then the ``k`` best of those that do not end in EOS.
@@ -130,9 +148,9 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
         eos_id: the EOS token id.
         inplace: add ``scores`` into ``lprobs`` in place (eager decoding: no ``[n, k*V]`` allocation a step).
         blocked: the ``2k`` best by :func:`top_candidates` (the AOT-compiled decoder; the same values, tied
-            indices may differ; ``lprobs`` is left as it is) instead of adding and ``topk``; with ``lse`` (``[n, k]``,
-            blocked only) ``lprobs`` holds the logits with banned tokens at ``-inf``; ``block_max`` as in
-            :func:`top_candidates`.
+            indices may differ; ``lprobs`` is left as it is) instead of adding and ``topk``; with ``lse`` (``[n, k]``
+            or a pair ``(shift, log_sum)``, blocked only) ``lprobs`` holds the logits with banned tokens at ``-inf``;
+            ``lse`` and ``block_max`` as in :func:`top_candidates`.
     Returns:
         ``top_scores, top_beam, top_tok, is_eos`` (each ``[n, 2k]``: the candidates' scores, their beams and
         tokens, and which end in a finite-scored EOS), then ``cont_scores, next_beam, next_tok`` (each ``[n, k]``:
