@@ -136,6 +136,10 @@ class ProductLayout(CustomGraphPass):
         aten = torch.ops.aten
         module, layouts, packed = graph.owning_module, {}, {}
         for node in list(graph.nodes):
+            if node.op == "call_function" and node.target is aten.baddbmm.default and len(node.args) == 3 \
+                    and not node.kwargs:  # beta = alpha = 1
+                self._bmm_then_add(graph, node)
+                continue
             if node.op != "call_function" or node.target not in (aten.addmm.default, aten.mm.default) or node.kwargs:
                 continue
             weight = node.args[-1]
@@ -171,6 +175,19 @@ class ProductLayout(CustomGraphPass):
                 graph.erase_node(node)
         graph.eliminate_dead_code()
 
+    @staticmethod
+    def _bmm_then_add(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
+        """``baddbmm(bias, a, b)`` (``beta = alpha = 1``) as ``bmm(a, b) + bias``: the addition is fused into the
+        kernel that reads the scores next (the attention's softmax), instead of ATen copying the bias, expanded over
+        the beams, into the product's output first (the cross-attention's padding mask, :func:`nas.model.ops.attend_cached`)."""
+        bias, a, b = node.args
+        with graph.inserting_before(node):
+            product = graph.call_function(torch.ops.aten.bmm.default, (a, b))
+            summed = graph.call_function(torch.ops.aten.add.Tensor, (product, bias))
+        product.meta, summed.meta = dict(node.meta), dict(node.meta)
+        node.replace_all_uses_with(summed)
+        graph.erase_node(node)
+
     def _packed(self, graph: torch.fx.Graph, node: torch.fx.Node, weight: torch.fx.Node, value: torch.Tensor,
                 packed: dict) -> None:
         """``node`` (``x W (+ b)``) as oneDNN's product by ``W`` pre-packed for about :attr:`rows` rows."""
@@ -192,4 +209,4 @@ class ProductLayout(CustomGraphPass):
 
     def uuid(self) -> str:
         """Inductor's cache key of the pass."""
-        return f"nas.export.aot.ProductLayout/3/{self.pack}/{self.rows}"
+        return f"nas.export.aot.ProductLayout/4/{self.pack}/{self.rows}"
