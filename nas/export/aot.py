@@ -155,7 +155,8 @@ class _BeamStepGraph(nn.Module):
         masked = logits + mask  # [n, k, V]: the logits, banned tokens -inf
         block = candidate_block(masked.size(-1))
         block_max = masked.view(n, k, -1, block).amax(-1) if block else None
-        cands = beam_candidates(masked, scores, self.eos_id, blocked=True, lse=lse, block_max=block_max)
+        cands = beam_candidates(masked, scores, self.eos_id, blocked=True, lse=lse, block_max=block_max,
+                                in_order=True)
         # search's bookkeeping when every sentence goes on (nas.model.decode.search, ``continued``): the rows the
         # k best non-EOS candidates continue, whether an EOS ranks among a sentence's first k, the grown history
         src_rows = (cands[5] + torch.arange(n, device=scores.device)[:, None] * k).reshape(-1)  # [n*k]

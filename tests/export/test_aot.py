@@ -196,6 +196,7 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
         else:
             assert "aoti_torch_cpu_mm_out(" in wrapper, path
         assert "aoti_torch_cpu_addmm_out(" not in wrapper, path
+        assert "aoti_torch_cpu_baddbmm_out(" not in wrapper, path  # the cross-attention's mask: added in a kernel
 
 
 def test_a_beam_size_below_one_is_refused(models, cache_dir):

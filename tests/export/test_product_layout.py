@@ -98,3 +98,21 @@ def test_sgemm_products_compute_what_f_linear_does(monkeypatch, pack, sgemm_prod
     assert not any(n.target is aten.addmm.default for n in gm.graph.nodes)
     assert len(_products(gm)) == 4 - len(sgemm)  # h @ h.t() and the narrow ones stay mm
     torch.testing.assert_close(gm(x), _reference(x, w), rtol=1e-6, atol=1e-5)
+
+
+def test_baddbmm_becomes_bmm_then_the_addition_of_its_bias():
+    # the cross-attention's scores with the padding mask expanded over the beams (nas.model.ops.attend_cached):
+    # the reference is the eager baddbmm; after the pass no baddbmm is left, only bmm and an addition
+    g = torch.Generator().manual_seed(3)
+    q, kt = torch.randn(6, 4, 8, generator=g), torch.randn(6, 8, 5, generator=g)
+    mask = torch.zeros(6, 1, 5).masked_fill(torch.rand(6, 1, 5, generator=g) < 0.3, float("-inf"))
+
+    def scores(q, kt, mask):
+        return torch.softmax(torch.baddbmm(mask.expand(6, 4, 5), q, kt), -1)
+    gm = make_fx(scores)(q, kt, mask)
+    assert any(n.target is aten.baddbmm.default for n in gm.graph.nodes)
+    ProductLayout()(gm.graph)
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert aten.baddbmm.default not in targets and aten.bmm.default in targets and aten.add.Tensor in targets
+    torch.testing.assert_close(gm(q, kt, mask), scores(q, kt, mask), rtol=1e-6, atol=1e-6)

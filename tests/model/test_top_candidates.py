@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nas.model.decode import beam_candidates, candidate_block, top_candidates
+from nas.model.decode import beam_candidates, candidate_block, first_continuing, top_candidates
 
 
 def _reference(lprobs: torch.Tensor, scores: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,3 +77,44 @@ def test_blocked_beam_candidates_equal_the_eager_ones():
     for a, b in zip(eager, blocked):
         assert torch.equal(a, b)
     assert bool(eager[3][2].any())  # the EOS candidate was ranked and flagged
+
+
+def test_with_a_shift_and_log_sum_the_candidates_carry_log_softmax_s_two_subtractions():
+    # the compiled step's (shift, log_sum): its values are ((x - max) - log(sum exp(x - max))) + score bit for bit,
+    # the reference computed over every entry and ranked by topk
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 4, 6000, generator=g) * 3
+    scores = torch.randn(3, 4, generator=g)
+    top = logits.amax(-1)
+    log_sum = (logits - top[:, :, None]).exp().sum(-1).log()
+    lprobs = (logits - top[:, :, None]) - log_sum[:, :, None]
+    banned = logits.clone()
+    banned[:, :, [0, 2]] = lprobs[:, :, [0, 2]] = float("-inf")
+    ref_values, ref_idx = _reference(lprobs, scores, 8)
+    block_max = banned.view(3, 4, -1, candidate_block(6000)).amax(-1)
+    for given in (None, block_max):
+        values, idx = top_candidates(banned, scores, 8, (top, log_sum), given)
+        assert torch.equal(values, ref_values) and torch.equal(idx, ref_idx)
+
+
+def _first_continuing_loop(values: list[float], eos: list[bool], k: int) -> list[float]:
+    """fairseq's rule written out: walk the sorted candidates, keep those not ending in EOS until k are kept."""
+    kept = [v for v, e in zip(values, eos) if not e][:k]
+    return kept + [float("-inf")] * (k - len(kept))
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5])
+def test_first_continuing_takes_the_first_k_non_eos_candidates_in_order(k):
+    g = torch.Generator().manual_seed(k)
+    top_scores = torch.randn(6, 2 * k, generator=g).sort(1, descending=True).values
+    top_scores[1, k:] = float("-inf")  # dead candidates at the end
+    is_eos = (torch.rand(6, 2 * k, generator=g) < 0.4) & torch.isfinite(top_scores)
+    is_eos[2] = torch.isfinite(top_scores[2])  # every candidate of sentence 2 an EOS
+    is_eos[3] = False
+    values, pick = first_continuing(top_scores, is_eos, k)
+    for i in range(6):
+        assert values[i].tolist() == _first_continuing_loop(top_scores[i].tolist(), is_eos[i].tolist(), k)
+        assert len(set(pick[i].tolist())) == k  # k distinct candidates
+        alive = torch.isfinite(values[i])
+        assert not bool(is_eos[i][pick[i][alive]].any())
+        assert torch.equal(top_scores[i][pick[i][alive]], values[i][alive])
