@@ -76,6 +76,7 @@ from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
 from nas.export.aot_products import PACKING, ProductLayout, packing, sgemm_cpu
 from nas.export.sgemm import load as load_sgemm, shim_options
+from nas.export.topk import load as load_topk, shim_options as topk_shim_options
 from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
 from nas.model.decode import beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
@@ -105,12 +106,13 @@ class _BeamStepGraph(nn.Module):
     """
 
     def __init__(self, model: SuperTransformer, arch: Arch, cross: list[dict], state: list[dict], beam_size: int,
-                 eos_id: int, candidates: bool = True) -> None:
+                 eos_id: int, candidates: bool = True, small_topk: bool = False) -> None:
         super().__init__()
         self.model, self.arch, self.cross, self.state = model, arch, cross, state
         self.clock = next(i for i, e in enumerate(state) if e["time_axis"] is not None)
         self.axes = [e["batch_axis"] for e in state]
         self.beam_size, self.eos_id, self.candidates = beam_size, eos_id, candidates
+        self.topk = _small_topk if small_topk else _aten_topk  # the ranking's top-k (nas.export.topk)
         eos_only = torch.full((model.vocab_size,), float("-inf"))
         eos_only[eos_id] = 0.0
         self.register_buffer("eos_only", eos_only, persistent=False)  # [V]: the additive mask of a forced EOS
@@ -156,12 +158,20 @@ class _BeamStepGraph(nn.Module):
         block = candidate_block(masked.size(-1))
         block_max = masked.view(n, k, -1, block).amax(-1) if block else None
         cands = beam_candidates(masked, scores, self.eos_id, blocked=True, lse=lse, block_max=block_max,
-                                in_order=True)
+                                in_order=True, topk=self.topk)
         # search's bookkeeping when every sentence goes on (nas.model.decode.search, ``continued``): the rows the
         # k best non-EOS candidates continue, whether an EOS ranks among a sentence's first k, the grown history
         src_rows = (cands[5] + torch.arange(n, device=scores.device)[:, None] * k).reshape(-1)  # [n*k]
         grown = torch.cat([history.index_select(0, src_rows), cands[6].reshape(-1, 1)], 1)  # [n*k, 2 + t]
         return (*cands, src_rows, cands[3][:, :k].any(), grown, *present)
+
+
+def _aten_topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.topk(kk, dim=1)
+
+
+def _small_topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.nas.small_topk(x, kk)
 
 
 def default_cache_dir() -> Path:
@@ -181,7 +191,8 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
     code = Path(__file__).parent.parent  # the nas package: the graph is traced from its model and export code
     sources = [*(code / "model").glob("*.py"), Path(__file__), code / "export" / "onnx.py",
                code / "export" / "aot_products.py",  # the graph pass that lays out the products
-               code / "export" / "sgemm.py"]  # the C shim of oneDNN's sgemm those products may call
+               code / "export" / "sgemm.py",  # the C shim of oneDNN's sgemm those products may call
+               code / "export" / "topk.py"]  # the C shim of the ranking's top-k
     for source in sorted(sources):
         h.update(source.read_bytes())
     meta = {"config": model.config(), "arch": arch.to_dict(), "beam": beam_size, "variant": variant,
@@ -194,12 +205,14 @@ def package_key(model: SuperTransformer, arch: Arch, beam_size: int, variant: di
 @torch.no_grad()
 def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path: str | Path, *,
                       autotune: bool = False, candidates: bool = True, options: dict[str, Any] | None = None,
-                      pack: str = "none") -> Path:
+                      pack: str = "none", small_topk: bool = False) -> Path:
     """Export the beam-search step of ``arch`` (:class:`_BeamStepGraph`) and compile it with AOTInductor into the
     package ``path`` (written atomically). Every row count, source length and past length is a dynamic axis.
 
     ``pack``: which products multiply by oneDNN's pre-packed weights or through its sgemm (:data:`PACKING`; the
     package of an ``sgemm`` choice loads only where :func:`nas.export.sgemm.load` has loaded the shim).
+    ``small_topk``: the candidates' top-k by :mod:`nas.export.topk`'s loop (the package loads only where
+    :func:`nas.export.topk.load` has loaded its shim; ``candidates`` only).
 
     Raises:
         ValueError: ``beam_size < 1``, an unknown ``pack``.
@@ -215,7 +228,7 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     entries = cache_layout(model, arch)
     cross = [e for e in entries if e["source"] == "encoder"]
     state = [e for e in entries if e["source"] == "step"]
-    graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID, candidates).eval()
+    graph = _BeamStepGraph(model, arch, cross, state, beam_size, EOS_ID, candidates, small_topk).eval()
     # Example: 3 sentences (3k rows) continuing from 4k rows of a 2-position past, source length 7.
     k, sents = beam_size, 3
     src = sample_src(model, sents, 7)  # the memory and the cross-attention keys/values: one row per sentence
@@ -241,17 +254,24 @@ def compile_beam_step(model: SuperTransformer, arch: Arch, beam_size: int, path:
     if autotune:
         options.update({"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         "autotune_num_choices_displayed": 0})  # no table per product on stderr
-    return _compile(program, Path(path), options, ProductLayout(pack, SMALL_ROWS if candidates else 8 * SMALL_ROWS))
+    return _compile(program, Path(path), options, ProductLayout(pack, SMALL_ROWS if candidates else 8 * SMALL_ROWS),
+                    small_topk)
 
 
-def _compile(program: Any, path: Path, options: dict[str, Any], layout: ProductLayout | None = None) -> Path:
+def _compile(program: Any, path: Path, options: dict[str, Any], layout: ProductLayout | None = None,
+             small_topk: bool = False) -> Path:
     """AOTInductor-compile an exported program into the package ``path``, written atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))  # ours: removed below
     try:
         options = {"post_grad_custom_post_pass": layout or ProductLayout(), **options}
+        shims: dict = {}  # the custom ops that compile to direct calls of their C shims
         if layout is not None and layout.pack.startswith("sgemm"):
-            options.update(shim_options())  # the op compiles to a direct call of its C shim
+            shims.update(shim_options()["aot_inductor.custom_ops_to_c_shims"])
+        if small_topk:
+            shims.update(topk_shim_options()["aot_inductor.custom_ops_to_c_shims"])
+        if shims:
+            options["aot_inductor.custom_ops_to_c_shims"] = shims
         torch._inductor.aoti_compile_and_package(program, package_path=str(work / "package.pt2"),
                                                  inductor_configs=options)
         os.replace(work / "package.pt2", path)  # a kill leaves no half-written package under the name
@@ -402,12 +422,14 @@ class AotTranslator:
         """The cached package (compiled now if missing) for few rows (``small``) or many (:data:`VARIANTS`)."""
         variant = VARIANTS[small]
         pack = packing(small, self.beam_size, sgemm=self._sgemm())
-        key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack}, self.options)
+        small_topk = variant["candidates"] and load_topk(self.cache_dir)  # the ranking's top-k by its C loop
+        key = package_key(self.model, self.arch, self.beam_size, {**variant, "pack": pack, "small_topk": small_topk},
+                          self.options)
         path = self.cache_dir / f"beam{self.beam_size}_{'small' if small else 'large'}_{key}.pt2"
         if not path.exists():
             start = time.perf_counter()
             compile_beam_step(self.model, self.arch, self.beam_size, path, options=self.options, pack=pack,
-                              **variant)
+                              small_topk=small_topk, **variant)
             self.compile_seconds[small] = time.perf_counter() - start
         return path
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from nas.model.kv_cache import LayerCache
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
-__all__ = ["beam_search", "beam_candidates", "search", "top_candidates", "IncrementalDecoder"]
+TopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+"""``(x [n, m], kk)`` -> each row's ``kk`` largest values and their indices, descending."""
+
+__all__ = ["beam_search", "beam_candidates", "first_continuing", "search", "top_candidates", "IncrementalDecoder"]
 
 
 class IncrementalDecoder:
@@ -92,9 +97,14 @@ def _per_entry(lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.T
     return tuple(t[:, :, None] for t in lse) if isinstance(lse, tuple) else lse[:, :, None]
 
 
+def _topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [n, m]`` -> each row's ``kk`` largest values and their indices, descending (ATen's ``topk``)."""
+    return x.topk(kk, dim=1)
+
+
 def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int,
                    lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-                   block_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_max: torch.Tensor | None = None, topk: TopK = _topk) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``kk`` largest ``lprobs[i, j, v] + scores[i, j]`` of each sentence ``i`` (values ``[n, kk]``, descending,
     and flat indices ``j * V + v``): ``(lprobs + scores[:, :, None]).view(n, -1).topk(kk)`` without adding the
     scores to every entry and without ``topk``'s pass over all of them.
@@ -113,23 +123,24 @@ def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int,
     log_sum)`` (each ``[n, k]``) they are ``(x - shift) - log_sum``: log-softmax's own two subtractions (its
     decomposition in Inductor: the row's maximum, then the log of the sum of the shifted exponentials), so the same
     bits as the log-softmax they replace. ``block_max [n, k, V/block]`` (:func:`candidate_block`), if given, holds
-    each block's maximum of ``lprobs``, computed by the caller.
+    each block's maximum of ``lprobs``, computed by the caller. ``topk(x [n, m], kk)``: the top-``kk`` of rows
+    (ATen's, or the AOT packages' loop, :mod:`nas.export.topk`).
     """
     n, k, vocab = lprobs.shape
     block = candidate_block(vocab)
     if block is None or k * (vocab // block) < 2 * kk:
         base = lprobs if lse is None else _normalized(lprobs, _per_entry(lse))
-        return (base + scores[:, :, None]).view(n, k * vocab).topk(kk, dim=1)
+        return topk((base + scores[:, :, None]).view(n, k * vocab), kk)
     best = lprobs.view(n, k, vocab // block, block).amax(3) if block_max is None else block_max  # [n, k, V/block]
     best = (best if lse is None else _normalized(best, _per_entry(lse))) + scores[:, :, None]
-    _, blocks = best.view(n, -1).topk(kk, dim=1)  # [n, kk]: block q covers flat entries q*block ...
+    _, blocks = topk(best.view(n, -1), kk)  # [n, kk]: block q covers flat entries q*block ...
     idx = (blocks[:, :, None] * block + torch.arange(block, device=lprobs.device)).view(n, kk * block)
     values = lprobs.view(n, k * vocab).gather(1, idx)
     beam = idx // vocab
     if lse is not None:
         values = _normalized(values, tuple(t.gather(1, beam) for t in lse) if isinstance(lse, tuple)
                              else lse.gather(1, beam))
-    values, pick = (values + scores.gather(1, beam)).topk(kk, dim=1)
+    values, pick = topk(values + scores.gather(1, beam), kk)
     return values, idx.gather(1, pick)
 
 
@@ -154,7 +165,8 @@ def first_continuing(top_scores: torch.Tensor, is_eos: torch.Tensor, k: int) -> 
 
 def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False,
                     blocked: bool = False, lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-                    block_max: torch.Tensor | None = None, in_order: bool = False) -> tuple[torch.Tensor, ...]:
+                    block_max: torch.Tensor | None = None, in_order: bool = False,
+                    topk: TopK = _topk) -> tuple[torch.Tensor, ...]:
     """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
     then the ``k`` best of those that do not end in EOS.
 
@@ -173,6 +185,7 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
         in_order: take the ``k`` best non-EOS candidates in their order among the ``2k`` (:func:`first_continuing`)
             instead of a second ``topk``: the same values, in a compiled graph's own loops (``topk`` is a call
             into ATen there, 5-6 us at batch 1, beam 4 on a 2-core AVX2 EPYC).
+        topk: the top-k of :func:`top_candidates` (blocked only).
     Returns:
         ``top_scores, top_beam, top_tok, is_eos`` (each ``[n, 2k]``: the candidates' scores, their beams and
         tokens, and which end in a finite-scored EOS), then ``cont_scores, next_beam, next_tok`` (each ``[n, k]``:
@@ -180,7 +193,7 @@ def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inp
     """
     n, k, vocab = lprobs.shape
     if blocked:
-        top_scores, top_idx = top_candidates(lprobs, scores, 2 * k, lse, block_max)  # [n, 2k]
+        top_scores, top_idx = top_candidates(lprobs, scores, 2 * k, lse, block_max, topk)  # [n, 2k]
     else:
         cand = (lprobs.add_(scores[:, :, None]) if inplace else lprobs + scores[:, :, None]).view(n, k * vocab)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # [n, 2k]

@@ -177,6 +177,7 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
     packages = sorted(cache_dir.glob("*.pt2"))  # these three, and those of the module's other tests
     assert len(packages) >= 3
     from nas.export.aot_products import PACK_WIDE, packing
+    from nas.export import topk
     from nas.export.sgemm import load
 
     for path in packages:
@@ -197,6 +198,8 @@ def test_the_packages_multiply_by_weights_without_addmm(models, cache_dir):
             assert "aoti_torch_cpu_mm_out(" in wrapper, path
         assert "aoti_torch_cpu_addmm_out(" not in wrapper, path
         assert "aoti_torch_cpu_baddbmm_out(" not in wrapper, path  # the cross-attention's mask: added in a kernel
+        if "_small_" in path.name and topk.load(cache_dir):  # the candidates' top-k by nas.export.topk's loop
+            assert "aoti_torch_cpu_small_topk(" in wrapper and "aoti_torch_cpu_topk(" not in wrapper, path
 
 
 def test_a_beam_size_below_one_is_refused(models, cache_dir):
