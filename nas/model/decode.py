@@ -325,11 +325,12 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
         # Finalize EOS candidates that rank among the first k (fairseq's rule).
         if bool(continued[1] if continued else is_eos[:, :k].any()):
             norm = float(step + 1) ** len_penalty
+            beams, values = top_beam.tolist(), top_scores.tolist()  # read once, not per hypothesis
             for i, j in is_eos[:, :k].nonzero().tolist():
                 sid = active_ids[i]
                 if len(finished[sid]) < k:
-                    hyp = tokens[i * k + int(top_beam[i, j]), 1:].tolist()
-                    finished[sid].append((float(top_scores[i, j]) / norm, hyp))
+                    hyp = tokens[i * k + beams[i][j], 1:].tolist()
+                    finished[sid].append((values[i][j] / norm, hyp))
         # Continue with the k best non-EOS candidates.
         keep_list = [i for i, s in enumerate(active_ids) if len(finished[s]) < k and not at_limit_list[i]]
         if not keep_list:
