@@ -16,7 +16,14 @@ guards between them. On top of that step the graph here
   in one product (:meth:`nas.model.attention.MultiBranchAttention._cached`), not once per beam;
 - ends, in the package for few rows (``candidates=True``), with beam search's expansion: log-softmax, the banned
   tokens, the length limit and :func:`nas.model.decode.beam_candidates` (the function the eager search calls), so
-  a step returns the ``2k`` candidates per sentence;
+  a step returns the ``2k`` candidates per sentence. The log-softmax is not written out over ``[n, k, V]``: the
+  package computes each row's maximum and log-sum of shifted exponentials, and the log-probabilities of the blocks'
+  maxima and of the candidates only, with log-softmax's own two subtractions (the same bits); its top-k calls are
+  :mod:`nas.export.topk`'s loop where a C++ compiler is found, and the ``k`` best non-EOS candidates are taken in
+  order (:func:`nas.model.decode.first_continuing`) rather than by a third ``topk``. With :class:`ProductLayout`
+  writing the cross-attention's ``baddbmm`` as ``bmm`` and an addition fused into the softmax, a step at batch 1,
+  beam 4 took 0.86-0.95x the time (a 2-core AVX2 EPYC, 4 pairs of processes, the same tokens;
+  ``docs/benchmarks.md``);
 - ends, in the package for many rows, with the logits and each row's log-sum-exp: Inductor's log-softmax over
   ``[128, 6000]`` took 1.8-2.4 ms a step against ATen's 0.4-0.9 ms, so ATen ranks the candidates from the logits
   and the log-sum-exp, computing the log-probabilities of the few candidates only (0.90x the step's time of
@@ -146,8 +153,9 @@ class _BeamStepGraph(nn.Module):
         mask = torch.where(limit[:, None], self.eos_only, ban)[:, None, :]  # [n, 1, V]
         # log-softmax as Inductor decomposes it, (x - max) - log(sum(exp(x - max))), but applied only to the 2k
         # candidates and to the blocks' maxima (top_candidates with lse = (shift, log_sum): the same bits), not
-        # written out over [n, k, V] (0.xx of the step's time, module docstring). A forced EOS with eos_zero gets
-        # (x - x) - 0 = 0: its row's shift is its own logit and its log-sum 0 (every other token is -inf there)
+        # written out over [n, k, V] (the kernel took 27 against 36 us a step, module docstring). A forced EOS with
+        # eos_zero scores (x - x) - 0 = 0: its row's shift is its own logit and its log-sum 0 (every other token is
+        # -inf there)
         n, k = scores.shape
         logits = logits.float().view(n, k, -1)  # [n, k, V]
         top = logits.amax(-1)  # [n, k]
