@@ -10,6 +10,7 @@ and fixed-length search (EOS forced at the bound, also where the bound comes bef
 
 from __future__ import annotations
 
+import shutil
 import zipfile
 from pathlib import Path
 
@@ -127,6 +128,26 @@ def test_the_search_through_onednns_sgemm_equals_the_eager_search(models, tokeni
                  beam_search(translator.model, src, beam_size=3, return_scores=True))
     wrapper = _wrapper(translator.package(True))
     assert wrapper.count("aoti_torch_cpu_dnnl_sgemm(") > 1 and "aoti_torch_cpu_mm_out(" not in wrapper
+
+
+@pytest.mark.slow  # one package (the encoder's is copied from the module's cache): about 25 s on 2 cores
+def test_without_the_top_k_shim_the_package_calls_atens_topk_and_searches_the_same(models, tokenizer, sentences,
+                                                                                   cache_dir, tmp_path, monkeypatch):
+    """Where no C++ compiler builds ``nas.export.topk``'s shim, the few-rows package ranks with ATen's ``topk``:
+    the same tokens and scores as the eager search (its step package in a folder of their own, as above: in the
+    module's cache it would not be this machine's choice)."""
+    from nas.export import aot
+
+    AotTranslator(models["plain"], 3, cache_dir=cache_dir).encoder()  # compiled by earlier tests, or now
+    for encoder in cache_dir.glob("encoder_*.pt2"):  # the encoder has no top-k: the same package either way
+        shutil.copy(encoder, tmp_path / encoder.name)
+    monkeypatch.setattr(aot, "load_topk", lambda cache_dir: False)
+    translator = AotTranslator(models["plain"], 3, cache_dir=tmp_path, small_rows=SMALL_ROWS)
+    src = _sources(tokenizer, sentences[:2])
+    _assert_same(translator.beam_search(src, return_scores=True),
+                 beam_search(translator.model, src, beam_size=3, return_scores=True))
+    wrapper = _wrapper(translator.package(True))
+    assert "aoti_torch_cpu_topk(" in wrapper and "aoti_torch_cpu_small_topk(" not in wrapper
 
 
 def test_translate_gives_the_exports_translations(models, sentences, cache_dir):

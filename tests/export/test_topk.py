@@ -83,3 +83,10 @@ def test_the_op_is_topk_eagerly_and_in_shape_propagation():
     with FakeTensorMode() as mode:
         fake_values, fake_indices = torch.ops.nas.small_topk(mode.from_tensor(x), 6)
     assert fake_values.shape == fake_indices.shape == (4, 6) and fake_indices.dtype == torch.long
+
+
+def test_load_is_false_without_a_compiler(monkeypatch, tmp_path):
+    monkeypatch.setattr(topk, "_loaded", None)
+    monkeypatch.setattr(topk, "compiler", lambda: None)
+    assert topk.load(tmp_path) is False
+    assert not (tmp_path / "topk").exists()  # nothing built, nothing written
