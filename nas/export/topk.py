@@ -65,7 +65,7 @@ AOTITorchError aoti_torch_cpu_small_topk(AtenTensorHandle x, int64_t k, AtenTens
     aoti_torch_delete_tensor_object(indices);
     return AOTI_TORCH_FAILURE;
   }
-  for (int64_t r = 0; r < n; r++) {
+  for (int64_t r = 0; k > 0 && r < n; r++) {
     const float *row = static_cast<const float *>(xp) + r * xt[0];
     float *val = static_cast<float *>(vp) + r * k;
     int64_t *idx = static_cast<int64_t *>(ip) + r * k;
@@ -119,9 +119,9 @@ _loaded: bool | None = None
 
 def load(cache_dir: str | Path) -> bool:
     """Build (once per machine, under ``cache_dir/topk``, written atomically) and load the shim with
-    ``RTLD_GLOBAL``, once per process (later calls return the first one's answer). True when it is loaded; False where no C++ compiler (``$CXX`` or ``g++``) is
-    found, or the build or the load fails (a logged warning with the compiler's message; the packages then call
-    ATen's ``topk``)."""
+    ``RTLD_GLOBAL``, once per process (later calls return the first one's answer). True when it is loaded; False
+    where no C++ compiler (``$CXX`` or ``g++``) is found, or the build or the load fails (a logged warning with the
+    compiler's message; the packages then call ATen's ``topk``)."""
     global _loaded
     if _loaded is not None:
         return _loaded
