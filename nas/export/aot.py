@@ -85,7 +85,7 @@ from nas.export.aot_products import PACKING, ProductLayout, packing, sgemm_cpu
 from nas.export.sgemm import load as load_sgemm, shim_options
 from nas.export.topk import load as load_topk, shim_options as topk_shim_options
 from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
-from nas.model.decode import beam_candidates, candidate_block, search
+from nas.model.decode import aten_topk, beam_candidates, candidate_block, search
 from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
@@ -119,7 +119,7 @@ class _BeamStepGraph(nn.Module):
         self.clock = next(i for i, e in enumerate(state) if e["time_axis"] is not None)
         self.axes = [e["batch_axis"] for e in state]
         self.beam_size, self.eos_id, self.candidates = beam_size, eos_id, candidates
-        self.topk = _small_topk if small_topk else _aten_topk  # the ranking's top-k (nas.export.topk)
+        self.topk = _small_topk if small_topk else aten_topk  # the ranking's top-k (nas.export.topk)
         eos_only = torch.full((model.vocab_size,), float("-inf"))
         eos_only[eos_id] = 0.0
         self.register_buffer("eos_only", eos_only, persistent=False)  # [V]: the additive mask of a forced EOS
@@ -172,10 +172,6 @@ class _BeamStepGraph(nn.Module):
         src_rows = (cands[5] + torch.arange(n, device=scores.device)[:, None] * k).reshape(-1)  # [n*k]
         grown = torch.cat([history.index_select(0, src_rows), cands[6].reshape(-1, 1)], 1)  # [n*k, 2 + t]
         return (*cands, src_rows, cands[3][:, :k].any(), grown, *present)
-
-
-def _aten_topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.topk(kk, dim=1)
 
 
 def _small_topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:

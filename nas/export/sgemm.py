@@ -33,7 +33,7 @@ from nas.native import build_library, compiler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["C_SHIM", "dnnl_sgemm", "find_dnnl", "load", "shim_options"]
+__all__ = ["C_SHIM", "dnnl_sgemm", "find_dnnl", "load", "load_shim", "shim_options"]
 
 SHIM_SOURCE = r"""
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -129,17 +129,25 @@ def load(cache_dir: str | Path) -> bool:
     dnnl = find_dnnl()
     if dnnl is None or compiler() is None:
         return False
+    _loaded = load_shim("nas_dnnl_sgemm", SHIM_SOURCE, [str(dnnl), f"-Wl,-rpath,{dnnl.parent}"],
+                        Path(cache_dir, "sgemm"), "the AOT packages keep MKL's or oneDNN's packed products")
+    return _loaded
+
+
+def load_shim(name: str, source: str, flags: list[str], cache_dir: Path, what: str) -> bool:
+    """Build ``source``, a C shim against AOTInductor's C ABI, with ``flags`` besides torch's headers and libraries
+    (:func:`nas.native.build_library`, keyed by torch's version) and load it with ``RTLD_GLOBAL``, so that the
+    packages that call it find it. False where the build or the load fails (a logged warning ending in ``what``).
+    Shared with :mod:`nas.export.topk`."""
     torch_dir = Path(torch.__file__).parent
-    flags = ["-O2", f"-I{torch_dir / 'include'}", str(dnnl), f"-Wl,-rpath,{dnnl.parent}", f"-L{torch_dir / 'lib'}",
-             "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{torch_dir / 'lib'}"]
-    lib = build_library("nas_dnnl_sgemm", SHIM_SOURCE, flags, Path(cache_dir, "sgemm"),
-                        "the AOT packages keep MKL's or oneDNN's packed products", key=torch.__version__)
+    flags = ["-O2", f"-I{torch_dir / 'include'}", *flags, f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10",
+             f"-Wl,-rpath,{torch_dir / 'lib'}"]
+    lib = build_library(name, source, flags, cache_dir, what, key=torch.__version__)
     if lib is None:
         return False
     try:
         ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
     except OSError as e:
-        log.warning("could not load %s (%s); the AOT packages keep MKL's or oneDNN's packed products", lib, e)
+        log.warning("could not load %s (%s); %s", lib, e, what)
         return False
-    _loaded = True
     return True

@@ -19,16 +19,12 @@ ones). NaN is not ranked as the largest value, as ``topk`` ranks it: the decoder
 
 from __future__ import annotations
 
-import ctypes
-import logging
-import os
 from pathlib import Path
 
 import torch
 
-from nas.native import build_library, compiler
-
-log = logging.getLogger(__name__)
+from nas.export.sgemm import load_shim
+from nas.native import compiler
 
 __all__ = ["C_SHIM", "load", "shim_options", "small_topk"]
 
@@ -128,17 +124,5 @@ def load(cache_dir: str | Path) -> bool:
     _loaded = False
     if compiler() is None:
         return False
-    torch_dir = Path(torch.__file__).parent
-    flags = ["-O2", f"-I{torch_dir / 'include'}", f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10",
-             f"-Wl,-rpath,{torch_dir / 'lib'}"]
-    lib = build_library("nas_small_topk", SHIM_SOURCE, flags, Path(cache_dir, "topk"),
-                        "the AOT packages call ATen's topk", key=torch.__version__)
-    if lib is None:
-        return False
-    try:
-        ctypes.CDLL(str(lib), mode=os.RTLD_GLOBAL | os.RTLD_NOW)
-    except OSError as e:
-        log.warning("could not load %s (%s); the AOT packages call ATen's topk", lib, e)
-        return False
-    _loaded = True
-    return True
+    _loaded = load_shim("nas_small_topk", SHIM_SOURCE, [], Path(cache_dir, "topk"), "the AOT packages call ATen's topk")
+    return _loaded

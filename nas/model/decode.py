@@ -97,14 +97,14 @@ def _per_entry(lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.T
     return tuple(t[:, :, None] for t in lse) if isinstance(lse, tuple) else lse[:, :, None]
 
 
-def _topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
+def aten_topk(x: torch.Tensor, kk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [n, m]`` -> each row's ``kk`` largest values and their indices, descending (ATen's ``topk``)."""
     return x.topk(kk, dim=1)
 
 
 def top_candidates(lprobs: torch.Tensor, scores: torch.Tensor, kk: int,
                    lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-                   block_max: torch.Tensor | None = None, topk: TopK = _topk) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_max: torch.Tensor | None = None, topk: TopK = aten_topk) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``kk`` largest ``lprobs[i, j, v] + scores[i, j]`` of each sentence ``i`` (values ``[n, kk]``, descending,
     and flat indices ``j * V + v``): ``(lprobs + scores[:, :, None]).view(n, -1).topk(kk)`` without adding the
     scores to every entry and without ``topk``'s pass over all of them.
@@ -166,7 +166,7 @@ def first_continuing(top_scores: torch.Tensor, is_eos: torch.Tensor, k: int) -> 
 def beam_candidates(lprobs: torch.Tensor, scores: torch.Tensor, eos_id: int, inplace: bool = False,
                     blocked: bool = False, lse: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
                     block_max: torch.Tensor | None = None, in_order: bool = False,
-                    topk: TopK = _topk) -> tuple[torch.Tensor, ...]:
+                    topk: TopK = aten_topk) -> tuple[torch.Tensor, ...]:
     """One beam-search expansion (fairseq's ``BeamSearch.step``): the ``2k`` best continuations of each sentence,
     then the ``k`` best of those that do not end in EOS.
 
