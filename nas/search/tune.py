@@ -6,6 +6,7 @@ Used by :mod:`nas.search.runner` (the supernet and search stages) and :mod:`nas.
 
 from __future__ import annotations
 
+import functools
 import json
 import pickle
 import time
@@ -19,7 +20,7 @@ from nas.console import make_console
 from nas.search.stop import StopCallback
 from nas.space import SweepSpec
 
-__all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config", "keep_idle_actors"]
+__all__ = ["is_uri", "ray_dir", "restorable", "make_tuner", "run_config", "keep_idle_actors", "save_stopped_trials"]
 
 console = make_console()
 
@@ -120,8 +121,39 @@ def restorable(exp_dir: Path | str) -> bool:
     return bool(valid["experiment_state-*.json"])
 
 
+def save_stopped_trials() -> None:
+    """Make Ray Tune write a trial's new status to its experiment state whenever it stops the trial.
+
+    Ray Tune 2.x writes a trial's JSON state to ``experiment_state-*.json`` only for trials marked since the last
+    write (``TuneController._mark_trial_to_checkpoint``). ``TuneController._schedule_trial_stop`` sets the trial
+    ERROR (or TERMINATED) but returns before marking it when the trial has no live actor any more, which is always
+    the case for a trial whose worker died: the actor manager handles a ``RayActorError`` by cleaning up the actor
+    first, then calls the train task's error callback. If the experiment state was written after the trial started
+    (every few seconds), the trial stays RUNNING on disk, and ``ExperimentAnalysis``, ``Tuner.restore`` and
+    ``nas sweep --resume`` read it back as PENDING: the resumed sweep would run a failed trial again. The wrapper
+    marks the trial after every stop (marking only adds it to the set written next). Idempotent; with a Ray
+    without that private method it does nothing.
+    """
+    from ray.tune.execution.tune_controller import TuneController
+
+    stop = getattr(TuneController, "_schedule_trial_stop", None)
+    if stop is None or getattr(stop, "_nas_saves_status", False) or \
+            not hasattr(TuneController, "_mark_trial_to_checkpoint"):
+        return
+
+    @functools.wraps(stop)
+    def schedule_trial_stop(self, trial, exception=None):
+        stop(self, trial, exception=exception)
+        self._mark_trial_to_checkpoint(trial)
+
+    schedule_trial_stop._nas_saves_status = True
+    TuneController._schedule_trial_stop = schedule_trial_stop
+
+
 def make_tuner(trainable, exp_dir: Path | str, *, restart_errored: bool, **new_run) -> tuple[tune.Tuner, bool]:
-    """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``)."""
+    """``Tuner.restore`` of ``exp_dir`` when it holds an experiment, else a new ``Tuner`` (``new_run``); either
+    way a stopped trial's status reaches the experiment state (:func:`save_stopped_trials`)."""
+    save_stopped_trials()
     if restorable(exp_dir):
         return tune.Tuner.restore(str(exp_dir), trainable=trainable, resume_unfinished=True,
                                   resume_errored=False, restart_errored=restart_errored), True
