@@ -41,7 +41,10 @@ with tensors while every sentence goes on (the rows to continue, whether an EOS 
 ``k``, the grown token history), so no tensor op of the search runs in Python then: at batch 1, beam 4 the Python
 share of a step fell from 0.26-0.27 to 0.14-0.18 ms on a 2-core AVX2 EPYC (``benchmarks/bench_aot_step.py``).
 Running several steps per package call gained nothing there (2, 3, 4 steps: 1.01x, 1.00x, 1.07x the time of one;
-a call's fixed cost is small against its matrix products, 77% of the step).
+a call's fixed cost is small against its matrix products, 77% of the step). What was left of Python, about 30 us of a
+400 us step on a 2-core Intel Xeon, goes where a C++ compiler is found: the few-rows package's steps run back to back
+in C while no EOS ranks among the first ``k`` and no length limit or ``min_len`` changes the step's inputs
+(:mod:`nas.export.steploop`; ``run_ahead`` of :func:`nas.model.decode.search`'s stepper).
 
 The two packages (:data:`VARIANTS`) differ in where the candidates are ranked: in the graph for up to
 :data:`SMALL_ROWS` hypotheses (at 4 rows 0.84x the time of ranking from logits), by ATen for more (at 128 rows 0.85x
@@ -68,6 +71,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
@@ -83,6 +87,7 @@ from nas.data import BOS_ID, EOS_ID, PAD_ID
 from nas.export.folder import Exported, load_export
 from nas.export.aot_products import PACKING, ProductLayout, packing, sgemm_cpu
 from nas.export.sgemm import load as load_sgemm, shim_options
+from nas.export.steploop import StepLoop, load as load_steploop, model_library
 from nas.export.topk import load as load_topk, shim_options as topk_shim_options
 from nas.export.onnx import cache_layout, cross_kv_fn, EncoderGraph, run_cache, sample_src
 from nas.model.decode import aten_topk, beam_candidates, candidate_block, search
@@ -90,6 +95,8 @@ from nas.model.supernet import SuperTransformer
 from nas.space.arch import Arch
 
 __all__ = ["AotTranslator", "ProductLayout", "compile_beam_step", "compile_encoder", "package_key", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
 
 _LEN_DEFAULTS = {"len_penalty": 1.0, "max_len_a": 1.5, "max_len_b": 10}  # as nas.model.decode.beam_search
 
@@ -320,7 +327,10 @@ class _AotStepper:
     def __init__(self, runner: Any, candidates: bool, vocab: int, cross: list[dict], state: list[dict],
                  memory: torch.Tensor, src_pad: torch.Tensor, cross_t: list[torch.Tensor],
                  ban: dict[tuple, torch.Tensor], beams: int, shared: dict | None = None) -> None:
-        self.run, self.candidates, self.ban, self.state = runner.loader.boxed_run, candidates, ban, state
+        self.candidates, self.ban, self.state = candidates, ban, state
+        self.loop = runner if isinstance(runner, StepLoop) else None  # the package's steps in C (few rows)
+        self.run = self.loop or runner.loader.boxed_run
+        self.run_ahead = self._ahead if self.loop is not None else None  # read by search
         self.eos_id, self.block = EOS_ID, candidate_block(vocab)
         self.memory, self.src_pad = memory.contiguous(), src_pad.contiguous()
         self.cross = [t.contiguous() for t in cross_t]
@@ -366,6 +376,24 @@ class _AotStepper:
         return None, beam_candidates(logits, scores, self.eos_id, blocked=True, lse=lse.view(n, k),
                                      block_max=block_max.view(n, k, -1) if self.block else None)
 
+    def _ahead(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor, eos_zero: bool,
+               budget: int) -> tuple[int, torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Up to ``budget`` steps in C, no sentence at its limit, the banned tokens and ``eos_zero`` the same on
+        each (:mod:`nas.export.steploop`), until one whose EOS ranks among a sentence's first ``k``: returns the
+        steps run, that step's token history ``[n*k, 1 + t]`` and its candidates (as :meth:`step`'s)."""
+        n = scores.size(0)
+        limit = self.no_limit.get(n)
+        if limit is None:
+            limit = self.no_limit[n] = torch.zeros(n, dtype=torch.bool)
+        ran, tokens, out = self.loop.run([tokens.contiguous(), self.rows, scores.contiguous(),
+                                          self.ban[tuple(banned.tolist())], limit, self.flags[eos_zero], self.memory,
+                                          self.src_pad, *self.cross, *self.past], budget)
+        self.past = out[10:]
+        self.rows = self.identity.get(tokens.size(0))  # no reorder unless search asks for one
+        if self.rows is None:
+            self.rows = self.identity[tokens.size(0)] = torch.arange(tokens.size(0))
+        return ran, tokens, tuple(out[:10])
+
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()
         if sent_rows is not None:  # the rows of the sentences that go on -> those sentences
@@ -401,6 +429,8 @@ class AotTranslator:
         cache_dir: where packages are kept (default :func:`default_cache_dir`).
         small_rows: the hypotheses up to which the package that ranks in its graph runs.
         options: more Inductor settings (experiments; part of the cache key).
+        step_loop: run the few-rows package's steps from C where its library builds (:mod:`nas.export.steploop`);
+            False calls it from Python once a step.
 
     Raises:
         nas.errors.MissingFileError, DamagedFileError: from :func:`~nas.export.load_export`.
@@ -409,7 +439,7 @@ class AotTranslator:
 
     def __init__(self, export: str | Path | Exported, beam_size: int | None = None, *,
                  cache_dir: str | Path | None = None, small_rows: int = SMALL_ROWS,
-                 options: dict[str, Any] | None = None) -> None:
+                 options: dict[str, Any] | None = None, step_loop: bool = True) -> None:
         self.exported = export if isinstance(export, Exported) else load_export(export)
         self.model = model = self.exported.model.eval()
         self.arch = model.check_arch(self.exported.arch)
@@ -417,7 +447,7 @@ class AotTranslator:
         if self.beam_size < 1:
             raise ValueError(f"beam_size={self.beam_size} must be >= 1")
         self.cache_dir = Path(cache_dir or default_cache_dir())
-        self.small_rows = small_rows
+        self.small_rows, self.step_loop = small_rows, step_loop
         self.options = {**DEFAULT_OPTIONS, **(options or {})}
         self.compile_seconds: dict[bool | str, float] = {}  # small or not, "encoder" -> seconds (this process)
         self._runners: dict[bool, Any] = {}
@@ -466,10 +496,23 @@ class AotTranslator:
         return self._encoder
 
     def runner(self, rows: int) -> tuple[Any, bool]:
-        """The loaded package for ``rows`` hypotheses, and whether it returns candidates (else logits)."""
+        """The loaded package for ``rows`` hypotheses, and whether it returns candidates (else logits): for few
+        rows a :class:`~nas.export.steploop.StepLoop` where its library builds and loads, else (and for many rows)
+        ``aoti_load_package``'s runner."""
         small = rows <= self.small_rows
         if small not in self._runners:
-            self._runners[small] = torch._inductor.aoti_load_package(str(self.package(small)))
+            path = self.package(small)
+            lib = load_steploop(self.cache_dir) if small and self.step_loop else None
+            if lib is not None:
+                n_cross = len(self.cross)  # inputs: tokens, rows, scores, ban, limit, eos_zero, memory, src_pad,
+                # cross, past; outputs: the seven candidates, src_rows, eos_any, grown, present (_BeamStepGraph)
+                feed = [(0, 9), (1, 7), (2, 4), *((8 + n_cross + i, 10 + i) for i in range(len(self.state)))]
+                try:
+                    self._runners[small] = StepLoop(lib, model_library(path), feed, stop=8)
+                except (OSError, RuntimeError, ValueError) as e:
+                    log.warning("%s; the compiled decoder calls its package once a step from Python", e)
+            if small not in self._runners:
+                self._runners[small] = torch._inductor.aoti_load_package(str(path))
         return self._runners[small], VARIANTS[small]["candidates"]
 
     @torch.no_grad()

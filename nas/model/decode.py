@@ -292,6 +292,12 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
             saves about 10 Python ops a step).
             ``reorder(src_rows [n'*k], sent_rows [n'*k] or None)``: continue from the hypotheses ``src_rows``,
             and, with ``sent_rows``, drop the rows of finished sentences.
+            Optionally ``run_ahead(tokens, scores, banned, eos_zero, budget)`` (None: absent): called instead of
+            ``step`` where no sentence is at its limit, it runs up to ``budget`` steps, over which the limits and
+            ``banned`` stay as they are, each continuing every sentence's ``k`` best candidates as this function
+            would, and stops after the first whose EOS ranks among a sentence's first ``k``; returns the steps
+            run, that step's ``tokens`` and its candidates with the three continuation tensors
+            (:mod:`nas.export.steploop`).
         bsz: sentences; max_len: each sentence's length limit (decoder steps, EOS forced at it).
         blocked_topk: rank the candidates this function computes with :func:`top_candidates`.
         The rest as :func:`beam_search`.
@@ -305,14 +311,23 @@ def search(stepper, bsz: int, max_len: list[int], *, beam_size: int, vocab: int,
     never = torch.tensor(sorted({pad_id, bos_id} - {eos_id}), device=device)
     never_or_eos = torch.tensor(sorted({pad_id, bos_id, eos_id}), device=device)  # before min_len
     beam_starts = torch.arange(0, bsz * k, k, device=device)[:, None]  # [b, 1]: sentence i's first row
+    ahead = getattr(stepper, "run_ahead", None)
     step = 0
     while active.numel() > 0:
         n_act = active.numel()
         active_ids = active.tolist()
         at_limit_list = [step + 1 >= max_len[s] for s in active_ids]
         # PAD and BOS are never emitted; nor EOS before min_len (where the limit does not force it, below)
-        lprobs, cands = stepper.step(tokens, scores, never_or_eos if step + 1 < min_len else never, at_limit_list,
-                                     step + 1 < min_len)
+        eos_zero = step + 1 < min_len
+        banned = never_or_eos if eos_zero else never
+        if ahead is not None and not any(at_limit_list):  # steps until one whose EOS ranks, no limit reached and
+            # the banned tokens the same (EOS's until min_len) on each: the tokens of one step at a time
+            budget = min(max_len[s] for s in active_ids) - 1 - step
+            ran, tokens, cands = ahead(tokens, scores, banned, eos_zero, min(budget, min_len - 1 - step)
+                                       if eos_zero else budget)
+            lprobs, step = None, step + ran - 1  # the last step's tokens and candidates, as if stepped alone
+        else:
+            lprobs, cands = stepper.step(tokens, scores, banned, at_limit_list, eos_zero)
         if cands is None:
             if any(at_limit_list):  # only EOS, with its log-probability (0 before min_len)
                 at_limit = torch.tensor(at_limit_list, device=device)  # [n_act]

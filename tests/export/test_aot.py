@@ -288,3 +288,126 @@ def test_packing_is_chosen_by_cpu_vendor_and_keys_the_package(models, monkeypatc
     translator = AotTranslator(models["plain"], 3, small_rows=SMALL_ROWS)
     keys = {package_key(translator.model, translator.arch, 3, {**VARIANTS[False], "pack": pack}) for pack in aot.PACKING}
     assert len(keys) == len(aot.PACKING)
+
+
+def _loop_or_skip(cache_dir):
+    from nas.export import steploop
+
+    lib = steploop.load(cache_dir)
+    if lib is None:
+        pytest.skip("no C++ compiler: the few-rows package is called from Python (tested above)")
+    return lib
+
+
+def test_the_step_loop_runs_steps_back_to_back_as_package_calls_fed_by_hand(models, tokenizer, sentences,
+                                                                             cache_dir, monkeypatch):
+    """``nas.export.steploop.StepLoop.run``: ``budget`` steps in C equal as many ``boxed_run`` calls of the same
+    package (``aoti_load_package``'s runner) with the grown history, the continued rows, their scores and the
+    state fed back by hand, output for output, bit for bit; the last step's token input comes back too."""
+    from nas.export import aot, steploop
+
+    _loop_or_skip(cache_dir)
+    translator = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    captured = []
+    step = aot._AotStepper.step
+
+    def capture(self, tokens, scores, banned, at_limit, eos_zero):  # the inputs of the search's first call
+        if not captured:
+            captured.append([tokens, self.rows, scores, self.ban[tuple(banned.tolist())], torch.tensor(at_limit),
+                             self.flags[eos_zero], self.memory, self.src_pad, *self.cross, *self.past])
+        return step(self, tokens, scores, banned, at_limit, eos_zero)
+
+    monkeypatch.setattr(aot._AotStepper, "step", capture)
+    monkeypatch.setattr(translator, "step_loop", False)
+    translator.beam_search(_sources(tokenizer, sentences[:2]), max_len_a=0.0, max_len_b=9, min_len=9)
+    inputs, boxed = captured[0], translator.runner(6)[0].loader.boxed_run
+    assert not isinstance(translator.runner(6)[0], steploop.StepLoop)
+    n_past = len(translator.state)
+    loop = steploop.StepLoop(steploop.load(cache_dir), steploop.model_library(translator.package(True)),
+                             [(0, 9), (1, 7), (2, 4), *((len(inputs) - n_past + i, 10 + i) for i in range(n_past))],
+                             stop=8)
+    assert (loop.n_in, loop.n_out) == (len(inputs), 10 + n_past)
+    fed, want = list(inputs), None
+    for _ in range(4):
+        last, want = fed[0], boxed(list(fed))
+        fed[:3] = [want[9], want[7], want[4]]
+        fed[len(fed) - n_past:] = want[10:]
+    steps, got_last, got = loop.run(list(inputs), 4)
+    assert steps == 4 and torch.equal(got_last, last) and got_last.shape == (6, 4)  # [n*k, 1 + t] at the 4th step
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(loop(list(inputs)), boxed(list(inputs))))  # one call
+    forced = list(inputs)  # sentence 1 at its length limit: only its EOS is left, eos_any is set: the loop stops
+    forced[4] = torch.tensor([False, True])  # after the first step, whatever the budget
+    steps, got_last, got = loop.run(list(forced), 4)
+    assert steps == 1 and bool(got[8]) and torch.equal(got_last, inputs[0])
+    assert all(torch.equal(a, b) for a, b in zip(got, boxed(list(forced))))
+    with pytest.raises(ValueError, match=f"{len(inputs) - 1} inputs: the package takes {len(inputs)}"):
+        loop.run(inputs[:-1], 1)
+
+
+def test_the_search_through_the_step_loop_equals_one_package_call_a_step(models, tokenizer,
+                                                                                          sentences, cache_dir,
+                                                                                          monkeypatch):
+    """Through the loop, the search runs several steps a call, each call ending at its budget (the step before a
+    length limit or the end of ``min_len``) or at a step whose EOS ranks among the first ``k``; the tokens and
+    scores are those of one package call a step (the same package, bit for bit), for free and fixed length,
+    ``min_len`` and a limit before it, and greedy search. (With these random weights EOS ranks only where a limit
+    forces it: the stop before the budget is checked on the package in the test above.)"""
+    from nas.export import steploop
+
+    _loop_or_skip(cache_dir)
+    calls = []
+    run = steploop.StepLoop.run
+
+    def record(self, inputs, budget):
+        out = run(self, inputs, budget)
+        calls.append((budget, out[0], bool(out[2][8])))
+        return out
+
+    monkeypatch.setattr(steploop.StepLoop, "run", record)
+    src = _sources(tokenizer, sentences[:2])
+    for beam in (3, 1):
+        looped = AotTranslator(models["plain"], beam, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+        stepped = AotTranslator(models["plain"], beam, cache_dir=cache_dir, small_rows=SMALL_ROWS, step_loop=False)
+        for kw in ({}, dict(min_len=3), dict(max_len_a=0.0, max_len_b=9, min_len=9),
+                   dict(max_len_a=0.0, max_len_b=4, min_len=9)):
+            assert looped.beam_search(src, return_scores=True, **kw) == stepped.beam_search(src, return_scores=True,
+                                                                                         **kw), (beam, kw)
+        assert isinstance(looped.runner(2 * beam)[0], steploop.StepLoop)
+        assert not isinstance(stepped.runner(2 * beam)[0], steploop.StepLoop)
+    assert any(steps > 1 for _, steps, _ in calls)  # steps back to back
+    assert all(steps == budget or eos for budget, steps, eos in calls) and any(eos for _, _, eos in calls)
+
+
+def test_without_a_compiler_the_step_loop_is_not_built_and_the_package_runs_from_python(models, tokenizer,
+                                                                                      sentences, cache_dir,
+                                                                                      tmp_path, monkeypatch):
+    from nas.export import aot, steploop
+
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setattr(aot, "load_steploop", lambda cache_dir: steploop.load(tmp_path))  # the library's folder
+    translator = AotTranslator(models["plain"], 3, cache_dir=cache_dir, small_rows=SMALL_ROWS)
+    src = _sources(tokenizer, sentences[:2])
+    _assert_same(translator.beam_search(src, return_scores=True),
+                 beam_search(translator.model, src, beam_size=3, return_scores=True))
+    assert not isinstance(translator._runners[True], steploop.StepLoop)
+    assert not list(tmp_path.glob("*.so"))  # nothing built
+
+
+def test_the_model_library_is_copied_out_of_the_package_once(tmp_path):
+    from nas.export.steploop import model_library
+
+    package = tmp_path / "step.pt2"
+    with zipfile.ZipFile(package, "w") as z:
+        z.writestr("step/data/aotinductor/model/abc.wrapper.so", b"\x7fELF library")
+        z.writestr("step/data/aotinductor/model/abc.wrapper.cpp", "// source")
+    assert model_library(package) == tmp_path / "step.so"
+    assert (tmp_path / "step.so").read_bytes() == b"\x7fELF library"
+    (tmp_path / "step.so").write_bytes(b"kept")
+    assert model_library(package).read_bytes() == b"kept"  # not copied again
+    empty = tmp_path / "empty.pt2"
+    with zipfile.ZipFile(empty, "w") as z:
+        z.writestr("empty/data/aotinductor/model/abc.wrapper.cpp", "// source")
+    with pytest.raises(ValueError, match=r"empty\.pt2: expected one model library"):
+        model_library(empty)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.pt2", "step.pt2", "step.so"]  # no temporary left
