@@ -44,7 +44,8 @@ Running several steps per package call gained nothing there (2, 3, 4 steps: 1.01
 a call's fixed cost is small against its matrix products, 77% of the step). What was left of Python, about 30 us of a
 400 us step on a 2-core Intel Xeon, goes where a C++ compiler is found: the few-rows package's steps run back to back
 in C while no EOS ranks among the first ``k`` and no length limit or ``min_len`` changes the step's inputs
-(:mod:`nas.export.steploop`; ``run_ahead`` of :func:`nas.model.decode.search`'s stepper).
+(:mod:`nas.export.steploop`; ``run_ahead`` of :func:`nas.model.decode.search`'s stepper): about 0.95x the step's
+time at beam 4 and greedy, the same tokens (``docs/benchmarks.md``).
 
 The two packages (:data:`VARIANTS`) differ in where the candidates are ranked: in the graph for up to
 :data:`SMALL_ROWS` hypotheses (at 4 rows 0.84x the time of ranking from logits), by ATen for more (at 128 rows 0.85x
