@@ -237,6 +237,7 @@ class StepLoop:
         run, the last step's input ``feed[0][0]`` and its outputs.
 
         Raises:
+            ValueError: not as many inputs as the package takes.
             RuntimeError: a package call failed (AOTInductor's error code; its message is on stderr).
         """
         if len(inputs) != self.n_in:
@@ -246,8 +247,8 @@ class StepLoop:
             budget)
         if err:
             raise RuntimeError(f"the AOT step package failed (error {err}; AOTInductor's message above)")
-        return steps, _aoti.alloc_tensor_by_stealing_from_void_ptr(last), _aoti.alloc_tensors_by_stealing_from_void_ptrs(
-            outputs)
+        return (steps, _aoti.alloc_tensor_by_stealing_from_void_ptr(last),
+                _aoti.alloc_tensors_by_stealing_from_void_ptrs(outputs))
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """One package call: ``boxed_run``'s signature."""
