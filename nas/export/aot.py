@@ -355,16 +355,9 @@ class _AotStepper:
 
     def step(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor, at_limit: list[bool],
              eos_zero: bool) -> tuple[torch.Tensor | None, tuple[torch.Tensor, ...] | None]:
-        n = tokens.size(0)
-        limit = torch.tensor(at_limit) if any(at_limit) else self.no_limit.get(len(at_limit))
-        if limit is None:
-            limit = self.no_limit[len(at_limit)] = torch.zeros(len(at_limit), dtype=torch.bool)
-        # the package's flat calling convention: the inputs in the exported order, no pytree (a list it may empty)
-        out = self.run([tokens.contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())],
-                        limit, self.flags[eos_zero], self.memory, self.src_pad, *self.cross, *self.past])
-        self.rows = self.identity.get(n)  # no reorder unless search asks for one
-        if self.rows is None:
-            self.rows = self.identity[n] = torch.arange(n)
+        limit = torch.tensor(at_limit) if any(at_limit) else self._no_limit(len(at_limit))
+        out = self.run(self._inputs(tokens, scores, banned, limit, eos_zero))
+        self.rows = self._identity(tokens.size(0))  # no reorder unless search asks for one
         if self.candidates:
             self.past = out[10:]
             return None, tuple(out[:10])
@@ -382,18 +375,31 @@ class _AotStepper:
         """Up to ``budget`` steps in C, no sentence at its limit, the banned tokens and ``eos_zero`` the same on
         each (:mod:`nas.export.steploop`), until one whose EOS ranks among a sentence's first ``k``: returns the
         steps run, that step's token history ``[n*k, 1 + t]`` and its candidates (as :meth:`step`'s)."""
-        n = scores.size(0)
+        inputs = self._inputs(tokens, scores, banned, self._no_limit(scores.size(0)), eos_zero)
+        ran, tokens, out = self.loop.run(inputs, budget)
+        self.past, self.rows = out[10:], self._identity(tokens.size(0))  # no reorder unless search asks for one
+        return ran, tokens, tuple(out[:10])
+
+    def _inputs(self, tokens: torch.Tensor, scores: torch.Tensor, banned: torch.Tensor, limit: torch.Tensor,
+                eos_zero: bool) -> list[torch.Tensor]:
+        """The package's flat calling convention: the inputs in the exported order, no pytree (a list it may
+        empty)."""
+        return [tokens.contiguous(), self.rows, scores.contiguous(), self.ban[tuple(banned.tolist())], limit,
+                self.flags[eos_zero], self.memory, self.src_pad, *self.cross, *self.past]
+
+    def _no_limit(self, n: int) -> torch.Tensor:
+        """``[n]`` False: no sentence at its length limit (made once per size)."""
         limit = self.no_limit.get(n)
         if limit is None:
             limit = self.no_limit[n] = torch.zeros(n, dtype=torch.bool)
-        ran, tokens, out = self.loop.run([tokens.contiguous(), self.rows, scores.contiguous(),
-                                          self.ban[tuple(banned.tolist())], limit, self.flags[eos_zero], self.memory,
-                                          self.src_pad, *self.cross, *self.past], budget)
-        self.past = out[10:]
-        self.rows = self.identity.get(tokens.size(0))  # no reorder unless search asks for one
-        if self.rows is None:
-            self.rows = self.identity[tokens.size(0)] = torch.arange(tokens.size(0))
-        return ran, tokens, tuple(out[:10])
+        return limit
+
+    def _identity(self, n: int) -> torch.Tensor:
+        """``arange(n)``: every row continues itself (made once per size)."""
+        rows = self.identity.get(n)
+        if rows is None:
+            rows = self.identity[n] = torch.arange(n)
+        return rows
 
     def reorder(self, src_rows: torch.Tensor, sent_rows: torch.Tensor | None) -> None:
         self.rows = src_rows.contiguous()

@@ -33,7 +33,7 @@ from nas.native import build_library, compiler
 
 log = logging.getLogger(__name__)
 
-__all__ = ["C_SHIM", "dnnl_sgemm", "find_dnnl", "load", "load_shim", "shim_options"]
+__all__ = ["C_SHIM", "dnnl_sgemm", "find_dnnl", "load", "load_shim", "shim_options", "torch_flags"]
 
 SHIM_SOURCE = r"""
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -134,15 +134,21 @@ def load(cache_dir: str | Path) -> bool:
     return _loaded
 
 
+def torch_flags(flags: list[str]) -> list[str]:
+    """The compiler flags of a library built against AOTInductor's C ABI (``aoti_torch/c/shim.h``): ``-O2``,
+    torch's headers, ``flags``, then torch's libraries (linked, and found at run time). Shared with
+    :mod:`nas.export.steploop`."""
+    torch_dir = Path(torch.__file__).parent
+    return ["-O2", f"-I{torch_dir / 'include'}", *flags, f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10",
+            f"-Wl,-rpath,{torch_dir / 'lib'}"]
+
+
 def load_shim(name: str, source: str, flags: list[str], cache_dir: Path, what: str) -> bool:
     """Build ``source``, a C shim against AOTInductor's C ABI, with ``flags`` besides torch's headers and libraries
     (:func:`nas.native.build_library`, keyed by torch's version) and load it with ``RTLD_GLOBAL``, so that the
     packages that call it find it. False where the build or the load fails (a logged warning ending in ``what``).
     Shared with :mod:`nas.export.topk`."""
-    torch_dir = Path(torch.__file__).parent
-    flags = ["-O2", f"-I{torch_dir / 'include'}", *flags, f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10",
-             f"-Wl,-rpath,{torch_dir / 'lib'}"]
-    lib = build_library(name, source, flags, cache_dir, what, key=torch.__version__)
+    lib = build_library(name, source, torch_flags(flags), cache_dir, what, key=torch.__version__)
     if lib is None:
         return False
     try:

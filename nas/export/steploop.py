@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch._C import _aoti
 
+from nas.export.sgemm import torch_flags
 from nas.native import build_library
 
 log = logging.getLogger(__name__)
@@ -160,11 +161,8 @@ def _library(cache_dir: Path) -> ctypes.CDLL | None:
     """The loop's library (built once per machine and torch version), or None where it cannot be built or loaded."""
     key = str(cache_dir)
     if key not in _LIB:
-        torch_dir = Path(torch.__file__).parent
-        flags = ["-O2", f"-I{torch_dir / 'include'}", f"-L{torch_dir / 'lib'}", "-ltorch_cpu", "-lc10", "-ldl",
-                 f"-Wl,-rpath,{torch_dir / 'lib'}"]
         what = "the compiled decoder calls its package once a step from Python"
-        path = build_library("nas_steploop", SOURCE, flags, cache_dir, what, key=torch.__version__)
+        path = build_library("nas_steploop", SOURCE, torch_flags(["-ldl"]), cache_dir, what, key=torch.__version__)
         lib = None
         if path is not None:
             try:

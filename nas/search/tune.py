@@ -137,9 +137,10 @@ def save_stopped_trials() -> None:
     from ray.tune.execution.tune_controller import TuneController
 
     stop = getattr(TuneController, "_schedule_trial_stop", None)
-    if stop is None or getattr(stop, "_nas_saves_status", False) or \
-            not hasattr(TuneController, "_mark_trial_to_checkpoint"):
-        return
+    if stop is None or not hasattr(TuneController, "_mark_trial_to_checkpoint"):
+        return  # a Ray Tune without them: nothing to mend
+    if getattr(stop, "_nas_saves_status", False):
+        return  # wrapped already
 
     @functools.wraps(stop)
     def schedule_trial_stop(self, trial, exception=None):
